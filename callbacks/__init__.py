@@ -1,0 +1,9 @@
+"""Lightning callbacks for loss spikes: detect, skip data (PaLM), scale the LR (OPT),
+and roll back to a real checkpoint."""
+
+from callbacks.batch_skipper import BatchSkipper
+from callbacks.lr_scaler import LRScaler
+from callbacks.rollback import RollbackRestore
+from callbacks.spike_detector import SpikeDetector
+
+__all__ = ["BatchSkipper", "LRScaler", "RollbackRestore", "SpikeDetector"]

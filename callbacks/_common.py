@@ -1,0 +1,26 @@
+"""Helpers the callbacks share."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from lit_spikes.data import StepDataModule
+
+
+def step_record(pl_module: pl.LightningModule) -> dict[str, float]:
+    """The current step's record (loss, max_logit, grad_norm, ...) from the module's history."""
+    history = getattr(pl_module, "history", None)
+    if not history:
+        raise RuntimeError(f"{type(pl_module).__name__} recorded no step yet")
+    return history[-1]
+
+
+def step_datamodule(trainer: pl.Trainer, owner: str) -> StepDataModule:
+    """The Trainer's StepDataModule, or a clear error naming the callback that needs it."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if not isinstance(datamodule, StepDataModule):
+        raise TypeError(
+            f"{owner} needs the Trainer to run with a StepDataModule (trainer.fit(..., "
+            f"datamodule=StepDataModule(...))); got {type(datamodule).__name__}"
+        )
+    return datamodule

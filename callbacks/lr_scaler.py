@@ -1,0 +1,75 @@
+"""OPT's remedy: from a given step on, scale the scheduled learning rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+
+class LRScaler(Callback):
+    """Multiplies the scheduled LR by ``factor`` from global step ``start_step`` on.
+
+    Applied in ``on_train_batch_start``, after the Trainer stepped the scheduler: the
+    schedule itself is untouched (its state stays the uninterrupted one), only the LR of
+    each step from ``start_step`` on is scaled, and ``lr`` is logged as applied. Its
+    arguments are its state, so a resumed run keeps scaling.
+
+    Args:
+        factor: multiplier of the scheduled LR (OPT lowered it, e.g. 0.5).
+        start_step: first global step scaled.
+        end_step: first global step no longer scaled (None: to the end).
+
+    Raises:
+        ValueError: a non-positive factor, a negative start, or an end not after the start.
+
+    Example:
+        >>> trainer = pl.Trainer(callbacks=[LRScaler(factor=0.5, start_step=100)])
+    """
+
+    def __init__(self, factor: float, start_step: int = 0, end_step: int | None = None) -> None:
+        super().__init__()
+        if not factor > 0:
+            raise ValueError(f"factor={factor} must be > 0")
+        if start_step < 0:
+            raise ValueError(f"start_step={start_step} must be >= 0")
+        if end_step is not None and end_step <= start_step:
+            raise ValueError(f"end_step={end_step} must be > start_step={start_step}")
+        self.factor, self.start_step, self.end_step = factor, start_step, end_step
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(factor=self.factor, start_step=self.start_step)
+
+    def active(self, step: int) -> bool:
+        return step >= self.start_step and (self.end_step is None or step < self.end_step)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.active(trainer.global_step):
+            return
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            for group, scheduled in zip(
+                scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True
+            ):
+                group["lr"] = scheduled * self.factor
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"factor": self.factor, "start_step": self.start_step, "end_step": self.end_step}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = (state_dict["factor"], state_dict["start_step"], state_dict["end_step"])
+        if saved != (self.factor, self.start_step, self.end_step):
+            raise ValueError(
+                f"LRScaler was checkpointed as factor={saved[0]}, start_step={saved[1]}, "
+                f"end_step={saved[2]}, but is now configured as factor={self.factor}, "
+                f"start_step={self.start_step}, end_step={self.end_step}"
+            )

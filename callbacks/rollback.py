@@ -1,0 +1,116 @@
+"""Roll back to a real Lightning checkpoint before a spike and train on from there."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lit_spikes.checkpoints import CheckpointError, checkpoint_files, load_checkpoint
+
+
+class RollbackRestore(Callback):
+    """Picks the newest valid checkpoint at least ``distance`` steps before ``spike_step``
+    and resumes training from it, with whatever remedy callbacks the caller adds.
+
+    Files are tried newest first; one that does not load (empty, truncated, not a
+    checkpoint, weights only) is refused with a warning that names it and why, and the
+    previous one is tried. Attached to the Trainer, it checks at the start of training that the run
+    really started from the chosen file, and records the rollback in its state
+    (``spike_step``, ``distance``, ``ckpt_step``) so it is in every later checkpoint.
+
+    Args:
+        dirpath: directory of ``step=<k>.ckpt`` files written by ``ModelCheckpoint``.
+        spike_step: global step of the spike's onset.
+        distance: how many steps before the spike the checkpoint must be, at least
+            (PaLM rolled back about 100 steps).
+
+    Raises:
+        ValueError: a negative ``spike_step`` or ``distance``.
+        FileNotFoundError: ``dirpath`` does not exist, or holds no valid checkpoint at or
+            before step ``spike_step - distance``.
+
+    Example:
+        >>> rollback = RollbackRestore("runs/x/checkpoints", spike_step=122, distance=20)
+        >>> trainer = pl.Trainer(callbacks=[rollback, LRScaler(0.5, start_step=rollback.ckpt_step)])
+        >>> rollback.fit(trainer, module, datamodule)
+    """
+
+    def __init__(self, dirpath: str | Path, spike_step: int, distance: int = 0) -> None:
+        super().__init__()
+        if spike_step < 0:
+            raise ValueError(f"spike_step={spike_step} must be >= 0")
+        if distance < 0:
+            raise ValueError(f"distance={distance} must be >= 0")
+        self.dirpath, self.spike_step, self.distance = Path(dirpath), spike_step, distance
+        self.refused: list[str] = []
+        self._chosen: tuple[int, Path] | None = None
+
+    def _choose(self) -> tuple[int, Path]:
+        if self._chosen is not None:
+            return self._chosen
+        latest = self.spike_step - self.distance
+        candidates = [(s, p) for s, p in checkpoint_files(self.dirpath) if s <= latest]
+        for step, path in reversed(candidates):
+            try:
+                checkpoint = load_checkpoint(path)
+            except CheckpointError as error:
+                self.refused.append(str(error))
+                warnings.warn(f"RollbackRestore: {error}; trying the previous one", stacklevel=2)
+                continue
+            if int(checkpoint["global_step"]) != step:
+                reason = f"its name says step {step} but it holds step {checkpoint['global_step']}"
+                self.refused.append(f"checkpoint {path}: {reason}")
+                warnings.warn(f"RollbackRestore: checkpoint {path}: {reason}", stacklevel=2)
+                continue
+            self._chosen = (step, path)
+            return self._chosen
+        raise FileNotFoundError(
+            f"no valid checkpoint at or before step {latest} (spike_step={self.spike_step} - "
+            f"distance={self.distance}) in {self.dirpath}"
+            + (f"; refused: {'; '.join(self.refused)}" if self.refused else "")
+        )
+
+    @property
+    def ckpt_path(self) -> Path:
+        """The checkpoint to resume from (chosen and validated on first use)."""
+        return self._choose()[1]
+
+    @property
+    def ckpt_step(self) -> int:
+        """The global step of that checkpoint: the first step the branch trains."""
+        return self._choose()[0]
+
+    def fit(
+        self, trainer: pl.Trainer, model: pl.LightningModule, datamodule: pl.LightningDataModule
+    ) -> None:
+        """``trainer.fit`` from the chosen checkpoint."""
+        trainer.fit(model, datamodule=datamodule, ckpt_path=self.ckpt_path)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(spike_step=self.spike_step, distance=self.distance)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The Trainer knows its ckpt_path only once it restored it, after `setup`.
+        started = trainer.ckpt_path
+        if started is None or Path(started).resolve() != self.ckpt_path.resolve():
+            raise ValueError(
+                f"RollbackRestore chose {self.ckpt_path}, but the Trainer resumes from "
+                f"{started}: start it with RollbackRestore.fit(...) or "
+                f"trainer.fit(..., ckpt_path=rollback.ckpt_path)"
+            )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "spike_step": self.spike_step,
+            "distance": self.distance,
+            "ckpt_step": self.ckpt_step,
+        }

@@ -1,0 +1,42 @@
+"""Callbacks that remove one part of a checkpoint on resume, to show what it is for.
+
+They exist for demo 1 and the negative-control tests: a resume that forgets the
+optimizer state, or the RNG state, is no longer the run it claims to continue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lit_spikes.module import TinyGPTModule
+
+
+class ForgetOptimizerState(Callback):
+    """Resume with a fresh AdamW: the checkpoint's moments and step counts are dropped.
+
+    The learning rate still follows the restored schedule; only Adam's ``exp_avg``,
+    ``exp_avg_sq`` and ``step`` start from zero, as if the checkpoint held parameters only.
+    """
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Runs before Lightning restores the optimizers from this same dict.
+        for optimizer_state in checkpoint["optimizer_states"]:
+            optimizer_state["state"] = {}
+
+
+class ForgetRNGState(Callback):
+    """Resume without restoring the torch/Python/NumPy RNG states of the checkpoint."""
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if isinstance(pl_module, TinyGPTModule):
+            pl_module.discard_pending_rng()

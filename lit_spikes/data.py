@@ -1,0 +1,276 @@
+"""Step-indexed data: the batch of global step ``k`` is a pure function of (data seed, k).
+
+The path is ``step -> data position -> batch``. Steps count optimizer updates; data
+positions count batches of data. They are equal until a data position is skipped
+(PaLM's remedy): then the pointer jumps past it while the step counter, and with it the
+LR schedule, goes on. ``position_of_step`` is a pure function of the skip set, so a
+checkpoint needs to store only the step and the skip set, never a sampler's state.
+"""
+
+from __future__ import annotations
+
+import bisect
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from typing_extensions import override
+
+from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
+
+Batch = dict[str, torch.Tensor]
+
+
+def normalize_skip(skip: Iterable[int]) -> tuple[int, ...]:
+    """Sorted, de-duplicated data positions, each checked to be a non-negative integer."""
+    values = []
+    for value in skip:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"skip position {value!r} must be a non-negative integer")
+        values.append(value)
+    return tuple(sorted(set(values)))
+
+
+def position_of_step(step: int, skip: tuple[int, ...]) -> int:
+    """The data position that global step ``step`` trains on: the ``step``-th
+    (0-based) position that is not in the sorted tuple ``skip``."""
+    position = step
+    for skipped in skip:  # sorted: each skipped position at or below the pointer pushes it on
+        if skipped <= position:
+            position += 1
+        else:
+            break
+    return position
+
+
+_MASK64 = 2**64 - 1
+
+
+def mix_seed(seed: int, position: int) -> int:
+    """A 32-bit generator seed from (seed, position), well spread (splitmix64 finaliser).
+
+    torch's CPU generator keeps only the low 32 bits of a seed, so ``seed * 2**32 +
+    position`` would make every data seed give the same batches.
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + position) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & 0xFFFFFFFF
+
+
+def batch_at(
+    tokens: torch.Tensor, position: int, seed: int, batch_size: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets at data ``position``: ``batch_size`` random windows of the text,
+    drawn by a generator seeded from (seed, position) alone. Returns two (B, T) tensors."""
+    generator = torch.Generator().manual_seed(mix_seed(seed, position))
+    starts = torch.randint(0, tokens.numel() - block_size - 1, (batch_size,), generator=generator)
+    windows = tokens[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def poisoned_batch(
+    vocab_size: int, position: int, shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniformly random characters in place of the text at ``position``."""
+    generator = torch.Generator().manual_seed(mix_seed(0xBAD, position))
+    windows = torch.randint(0, vocab_size, (shape[0], shape[1] + 1), generator=generator)
+    return windows[:, :-1], windows[:, 1:]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the batches come from."""
+
+    seed: int = 2
+    """Data seed: with the step, the only input of a batch (the seed's 'data order')."""
+    batch_size: int = 16
+    """Global batch size: rows per step, summed over all processes."""
+    block_size: int = 64
+    """Characters per row; must match the model's context."""
+    skip: tuple[int, ...] = ()
+    """Data positions never trained on (PaLM's remedy)."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """The synthetic world the text comes from."""
+    val_batch_size: int = 64
+    """Rows per validation batch (validation covers the whole validation text)."""
+    poison: tuple[int, ...] = ()
+    """Data positions whose batch is replaced by uniformly random characters: a planted
+    bad batch, for tests and for the data-caused spikes the diagnosis must recognise."""
+
+    def __post_init__(self) -> None:
+        if self.seed < 0 or self.seed >= 2**31:
+            raise ValueError(f"DataConfig.seed={self.seed} must be in [0, 2**31)")
+        for name in ("batch_size", "block_size", "val_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DataConfig.{name}={getattr(self, name)} must be >= 1")
+        object.__setattr__(self, "skip", normalize_skip(self.skip))
+        object.__setattr__(self, "poison", normalize_skip(self.poison))
+
+
+class StepBatches(IterableDataset[Batch]):
+    """Infinite stream of the batches of steps ``start_step, start_step + 1, ...``.
+
+    Each item carries its ``step`` and data ``position`` so the training step can check
+    that the data matches the optimizer step it is used for. Under several processes
+    each rank takes its contiguous share of the rows of the same global batch.
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        config: DataConfig,
+        skip: tuple[int, ...],
+        start_step: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.tokens, self.config, self.skip = tokens, config, skip
+        self.start_step, self.rank, self.world_size = start_step, rank, world_size
+
+    def batch_of_step(self, step: int) -> Batch:
+        position = position_of_step(step, self.skip)
+        x, y = batch_at(
+            self.tokens, position, self.config.seed, self.config.batch_size, self.config.block_size
+        )
+        if position in self.config.poison:
+            x, y = poisoned_batch(len(ALPHABET), position, x.shape)
+        rows = self.config.batch_size // self.world_size
+        shard = slice(self.rank * rows, (self.rank + 1) * rows)
+        return {
+            "x": x[shard],
+            "y": y[shard],
+            "step": torch.tensor(step),
+            "position": torch.tensor(position),
+        }
+
+    def __iter__(self) -> Iterator[Batch]:
+        step = self.start_step
+        while True:
+            yield self.batch_of_step(step)
+            step += 1
+
+
+class _ValWindows(Dataset[Batch]):
+    """Non-overlapping windows of the validation text, in order."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int) -> None:
+        count = (tokens.numel() - 1) // block_size
+        self.x = tokens[: count * block_size].view(count, block_size)
+        self.y = tokens[1 : count * block_size + 1].view(count, block_size)
+
+    def __len__(self) -> int:
+        return self.x.size(0)
+
+    def __getitem__(self, index: int) -> Batch:
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+class StepDataModule(pl.LightningDataModule):
+    """DataModule whose train batch at global step ``k`` is a pure function of (seed, k).
+
+    ``train_dataloader()`` starts at ``trainer.global_step``: Lightning calls it after a
+    checkpoint is restored, so a resumed run continues at exactly the right batch without
+    any sampler state. The skip set is part of the checkpoint (``state_dict``).
+
+    Args:
+        config: where the batches come from (data seed, batch size, skip set, world).
+
+    Example:
+        >>> dm = StepDataModule(DataConfig(seed=2))
+        >>> trainer.fit(module, datamodule=dm, ckpt_path="runs/x/checkpoints/step=100.ckpt")
+    """
+
+    def __init__(self, config: DataConfig = DataConfig()) -> None:
+        super().__init__()
+        self.config = config
+        self.skip = self.config.skip
+        self.tokenizer = CharTokenizer()
+        self._train_tokens: torch.Tensor | None = None
+        self._val_tokens: torch.Tensor | None = None
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self._train_tokens is None:
+            world = build_world(self.config.world)
+            self._train_tokens = self.tokenizer.encode(world.train_text())
+            self._val_tokens = self.tokenizer.encode(world.val_text())
+        if self.trainer is not None and self.config.batch_size % self.trainer.world_size:
+            raise ValueError(
+                f"DataConfig.batch_size={self.config.batch_size} is the global batch and must "
+                f"divide by the number of processes ({self.trainer.world_size})"
+            )
+
+    def add_skip(self, positions: Iterable[int]) -> None:
+        """Skip more data positions from now on (used by ``callbacks.BatchSkipper``)."""
+        self.skip = normalize_skip((*self.skip, *positions))
+
+    def position_of_step(self, step: int) -> int:
+        """The data position global step ``step`` trains on under the current skip set."""
+        return position_of_step(step, self.skip)
+
+    @property
+    def train_tokens(self) -> torch.Tensor:
+        if self._train_tokens is None:
+            self.setup("fit")
+        assert self._train_tokens is not None
+        return self._train_tokens
+
+    def stream(self, start_step: int = 0, rank: int = 0, world_size: int = 1) -> StepBatches:
+        """The batches from ``start_step`` on, outside of any Trainer (plain loops, tests)."""
+        return StepBatches(self.train_tokens, self.config, self.skip, start_step, rank, world_size)
+
+    @override
+    def train_dataloader(self) -> DataLoader[Batch]:
+        trainer = self.trainer
+        start = trainer.global_step if trainer is not None else 0
+        rank = trainer.global_rank if trainer is not None else 0
+        world_size = trainer.world_size if trainer is not None else 1
+        # batch_size=None: the dataset yields whole batches. The loader gets its own
+        # generator so that creating its iterator never draws from the global torch RNG,
+        # whose state belongs to the model (dropout) and is restored from the checkpoint.
+        return DataLoader(
+            self.stream(start, rank, world_size), batch_size=None, generator=torch.Generator()
+        )
+
+    @override
+    def val_dataloader(self) -> DataLoader[Batch]:
+        if self._val_tokens is None:
+            self.setup("validate")
+        assert self._val_tokens is not None
+        windows = _ValWindows(self._val_tokens, self.config.block_size)
+        return DataLoader(
+            windows, batch_size=self.config.val_batch_size, generator=torch.Generator()
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        step = self.trainer.global_step if self.trainer is not None else 0
+        return {"seed": self.config.seed, "skip": list(self.skip), "step": step}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_seed = int(state_dict["seed"])
+        if saved_seed != self.config.seed:
+            warnings.warn(
+                f"the checkpoint was trained with data seed {saved_seed}, this run uses "
+                f"{self.config.seed}: from here on it sees other data than the original run",
+                stacklevel=2,
+            )
+        saved = normalize_skip(state_dict["skip"])
+        step = int(state_dict["step"])  # the trainer's own step is restored only later
+        # Positions the checkpoint's own run already passed must not change, or the
+        # restored steps would map to other data than they were trained on.
+        passed = position_of_step(step, saved)
+        added = sorted(set(self.skip) - set(saved))
+        early = added[: bisect.bisect_left(added, passed)]
+        if early:
+            raise ValueError(
+                f"skip positions {early} lie before data position {passed}, where the "
+                f"checkpoint resumes: they were already trained on; skip positions >= {passed}"
+            )
+        self.skip = normalize_skip((*saved, *self.skip))

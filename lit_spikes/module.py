@@ -1,0 +1,322 @@
+"""The LightningModule around TinyGPT: the seed's optimiser, schedule and records,
+plus what a bit-exact resume needs in the checkpoint (RNG states, fingerprint)."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import lightning
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torchmetrics
+from torch.optim.lr_scheduler import LambdaLR
+from typing_extensions import override
+
+from lit_spikes.data import Batch
+from lit_spikes.model import GPTConfig, GPTOutput, build_model
+from lit_spikes.schedule import WarmupCosine
+
+CHECKPOINT_KEY = "lit_spikes"
+"""Top-level key of the checkpoint entry this project adds (RNG states, fingerprint)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and its schedule. The defaults are the seed's deliberately unstable setup."""
+
+    peak_lr: float = 0.1
+    """Peak learning rate, reached at the end of warm-up (0.1 is far too high on purpose)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay, applied to every parameter."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    warmup_steps: int = 100
+    """Steps of linear warm-up."""
+    max_steps: int = 400
+    """Steps the cosine decays over; the run's length."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine as a fraction of the peak."""
+    lr_scale: float = 1.0
+    """Multiplies the whole schedule."""
+
+    def __post_init__(self) -> None:
+        if not self.peak_lr > 0:
+            raise ValueError(f"OptimConfig.peak_lr={self.peak_lr} must be positive")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimConfig.weight_decay={self.weight_decay} must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"OptimConfig.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.max_steps < 1:
+            raise ValueError(f"OptimConfig.max_steps={self.max_steps} must be >= 1")
+        self.schedule()  # validates warm-up, floor and scale with the schedule's own messages
+
+    def schedule(self) -> WarmupCosine:
+        return WarmupCosine(self.warmup_steps, self.max_steps, self.min_lr_ratio, self.lr_scale)
+
+    def build(self, parameters: Any) -> tuple[torch.optim.AdamW, LambdaLR]:
+        optimizer = torch.optim.AdamW(
+            parameters,
+            lr=self.peak_lr,
+            weight_decay=self.weight_decay,
+            betas=(self.beta1, self.beta2),
+        )
+        return optimizer, LambdaLR(optimizer, self.schedule())
+
+
+def grad_norm(parameters: Any) -> torch.Tensor:
+    """Total L2 norm of the gradients, as ``clip_grad_norm_`` measures it, changing nothing."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """torch, Python and NumPy RNG states in plain types (``torch.load(weights_only=True)``)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    return {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def seed_rngs(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class BitsPerChar(torchmetrics.Metric):
+    """Mean cross-entropy over all validated characters, in bits."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("nats", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+        self.nats: torch.Tensor
+        self.count: torch.Tensor
+
+    @override
+    def update(self, mean_loss: torch.Tensor, num_chars: int) -> None:
+        self.nats += mean_loss.detach().double() * num_chars
+        self.count += num_chars
+
+    @override
+    def compute(self) -> torch.Tensor:
+        return self.nats / self.count / math.log(2.0)
+
+
+class TinyGPTModule(pl.LightningModule):
+    """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
+
+    Logs every step ``train/loss``, ``train/max_logit``, ``lr``, ``grad_norm`` (before
+    any clipping) and ``data/position``; ``val/bpc`` whenever the Trainer validates. Each
+    step is also appended to ``history`` (plain floats) for scripts and tests.
+
+    The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
+    (Lightning saves none), restored at ``on_train_start`` so dropout continues exactly;
+    and a fingerprint of what decides the numerics (versions, threads, world size, model
+    config). A different model config is an error before any step; any other difference
+    warns that bit-exactness is not guaranteed.
+
+    Args:
+        gpt: shape of the network.
+        optim: AdamW and LR schedule.
+        model_seed: initialisation seed of the network.
+        train_seed: seed of the RNGs used in training (dropout), for a fresh run.
+        num_threads: CPU threads for this process; results depend on it.
+
+    Example:
+        >>> module = TinyGPTModule(gpt=GPTConfig(n_layer=4), optim=OptimConfig(peak_lr=0.1))
+        >>> trainer.fit(module, datamodule=StepDataModule())
+    """
+
+    def __init__(
+        self,
+        gpt: GPTConfig = GPTConfig(),  # noqa: B008 (frozen dataclass: immutable default)
+        optim: OptimConfig = OptimConfig(),
+        model_seed: int = 2,
+        train_seed: int = 0,
+        num_threads: int = 1,
+    ) -> None:
+        super().__init__()
+        # Dicts are accepted too: that is how load_from_checkpoint passes the saved hparams.
+        self.model_config = _as(GPTConfig, gpt)
+        self.optim_config = _as(OptimConfig, optim)
+        if num_threads < 1:
+            raise ValueError(f"num_threads={num_threads} must be >= 1")
+        self.model_seed, self.train_seed, self.num_threads = model_seed, train_seed, num_threads
+        # Plain dicts only: the checkpoint must load with torch.load(weights_only=True).
+        self.save_hyperparameters(
+            {
+                "gpt": asdict(self.model_config),
+                "optim": asdict(self.optim_config),
+                "model_seed": model_seed,
+                "train_seed": train_seed,
+                "num_threads": num_threads,
+            }
+        )
+        self.model = build_model(self.model_config, model_seed)
+        self.val_bpc = BitsPerChar()
+        self.history: list[dict[str, float]] = []
+        self._pending_rng: dict[str, Any] | None = None
+        self._grad_norm = torch.tensor(float("nan"))
+
+    @override
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
+        return self.model(idx, targets)
+
+    @override
+    def setup(self, stage: str) -> None:
+        torch.set_num_threads(self.num_threads)
+
+    @override
+    def on_train_start(self) -> None:
+        # After the train loader's iterator exists and after any checkpoint restore.
+        if self._pending_rng is not None:
+            set_rng_states(self._pending_rng)
+            self._pending_rng = None
+        elif self.global_step == 0:
+            seed_rngs(self.train_seed + self.global_rank)
+
+    def discard_pending_rng(self) -> None:
+        """Forget the RNG states read from a checkpoint (an ablation: see ``ForgetRNGState``)."""
+        self._pending_rng = None
+
+    @override
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        step = int(batch["step"])
+        if step != self.global_step:
+            raise RuntimeError(
+                f"the train loader delivered the batch of step {step} at global step "
+                f"{self.global_step}: the data is out of step with the optimizer"
+            )
+        out = self.model(batch["x"], batch["y"])
+        assert out.loss is not None
+        self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
+        return out.loss
+
+    def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: int) -> None:
+        lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/max_logit", max_logit, prog_bar=True)
+        self.log("lr", lr)
+        self.log("data/position", float(position))
+        self.history.append(
+            {
+                "step": self.global_step,
+                "loss": loss.item(),
+                "max_logit": max_logit.item(),
+                "lr": lr,
+                "position": position,
+            }
+        )
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        norm = grad_norm(self.parameters())  # before the Trainer clips
+        self.log("grad_norm", norm)
+        if self.history and self.history[-1]["step"] == self.global_step:
+            self.history[-1]["grad_norm"] = norm.item()
+
+    @override
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        out = self.model(batch["x"], batch["y"])
+        assert out.loss is not None
+        self.val_bpc.update(out.loss, batch["y"].numel())
+        self.log("val/bpc", self.val_bpc, on_step=False, on_epoch=True, prog_bar=True)
+
+    @override
+    def configure_optimizers(self) -> Any:
+        optimizer, scheduler = self.optim_config.build(self.parameters())
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the numerics of a step, beyond the checkpointed state."""
+        world_size = self.trainer.world_size if self._trainer is not None else 1
+        return {
+            "torch": str(torch.__version__),
+            "lightning": str(lightning.__version__),
+            "num_threads": torch.get_num_threads(),
+            "world_size": world_size,
+            "model": asdict(self.model_config),
+        }
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = {
+            "rng": collect_rng_states(),
+            "fingerprint": self.fingerprint(),
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        entry = checkpoint.get(CHECKPOINT_KEY)
+        if entry is None:
+            raise ValueError(
+                "this checkpoint has no 'lit_spikes' entry (RNG states, fingerprint): it was "
+                "not written by TinyGPTModule, so it cannot be resumed bit-exactly"
+            )
+        saved = entry["fingerprint"]
+        check_model_config(saved["model"], asdict(self.model_config))
+        here = self.fingerprint()
+        here["num_threads"] = self.num_threads  # setup() applies it before training
+        differ = [
+            f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}"
+            for key in ("torch", "lightning", "num_threads", "world_size")
+            if saved.get(key) != here[key]
+        ]
+        if differ:
+            warnings.warn(
+                "resuming under a different setup than the checkpoint was written in ("
+                + "; ".join(differ)
+                + "): the resumed run is not guaranteed to be bit-exact",
+                stacklevel=2,
+            )
+        self._pending_rng = entry["rng"]
+
+
+def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raises ``ValueError`` listing every model-config field that differs."""
+    differ = [
+        f"{key}: checkpoint {saved.get(key)!r}, now {current.get(key)!r}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key) != current.get(key)
+    ]
+    if differ:
+        raise ValueError(
+            "the checkpoint's model config differs from this model's ("
+            + "; ".join(differ)
+            + "): build the module with the checkpoint's config to resume it"
+        )
+
+
+def _as(cls: type, value: Any) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        return cls(**value)
+    if isinstance(value, cls):
+        return value
+    raise TypeError(f"expected {cls.__name__} or dict, got {type(value).__name__}")

@@ -1,0 +1,95 @@
+"""Building Trainers the way every script, test and the CLI of this project runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+CHECKPOINT_DIRNAME = "checkpoints"
+CHECKPOINT_FILENAME = "{step}"
+"""ModelCheckpoint's name pattern: files are called ``step=<k>.ckpt``."""
+
+
+def step_checkpoint(dirpath: str | Path, every_n_steps: int) -> ModelCheckpoint:
+    """A ModelCheckpoint writing ``step=<k>.ckpt`` every ``every_n_steps`` steps, keeping all."""
+    if every_n_steps < 1:
+        raise ValueError(f"checkpoint_every={every_n_steps} must be >= 1")
+    return ModelCheckpoint(
+        dirpath=dirpath,
+        filename=CHECKPOINT_FILENAME,
+        every_n_train_steps=every_n_steps,
+        save_top_k=-1,
+        save_on_train_epoch_end=False,
+        auto_insert_metric_name=True,
+    )
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    """Where a run rooted at ``run_dir`` keeps its checkpoint of global step ``step``."""
+    return Path(run_dir) / CHECKPOINT_DIRNAME / f"step={step}.ckpt"
+
+
+@dataclass
+class RunSpec:
+    """How one training run is laid out on disk and driven by its Trainer."""
+
+    log_root: Path
+    """TensorBoard root: every run of one comparison shares it (``runs/demo1``)."""
+    name: str
+    """The run's name: its TensorBoard directory is ``log_root/name``, its checkpoints
+    are in ``log_root/name/checkpoints``."""
+    max_steps: int
+    """Global step at which training ends."""
+    checkpoint_every: int | None = None
+    """Write ``step=<k>.ckpt`` every this many steps, keeping all (None: no checkpoints)."""
+    val_every: int | None = None
+    """Validate every this many steps (None: only at the end)."""
+    callbacks: Sequence[Callback] = field(default_factory=list)
+    """Extra callbacks (spike detection, remedies)."""
+    progress_bar: bool = True
+    """Lightning's progress bar (off in worker processes, which report otherwise)."""
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Anything else for ``pl.Trainer`` (``gradient_clip_val``, ``devices``, ...)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log_root / self.name
+
+    def trainer(self) -> pl.Trainer:
+        callbacks = list(self.callbacks)
+        if self.checkpoint_every is not None:
+            callbacks.append(
+                step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
+            )
+        logger = TensorBoardLogger(
+            save_dir=str(self.log_root), name=self.name, version="", default_hp_metric=False
+        )
+        kwargs: dict[str, Any] = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": self.max_steps,
+            "log_every_n_steps": 1,
+            "val_check_interval": self.val_every or self.max_steps,
+            "check_val_every_n_epoch": None,
+            "num_sanity_val_steps": 0,
+            "enable_model_summary": False,
+            "enable_checkpointing": self.checkpoint_every is not None,
+            "enable_progress_bar": self.progress_bar,
+            "default_root_dir": str(self.run_dir),
+            "logger": logger,
+            "callbacks": callbacks,
+        }
+        kwargs.update(self.trainer_kwargs)
+        return pl.Trainer(**kwargs)
+
+
+def final_state(module: pl.LightningModule) -> dict[str, torch.Tensor]:
+    """A detached deep copy of the module's parameters and buffers."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -1,0 +1,106 @@
+"""Shared tiny configs and run helpers: every test trains a model small enough to take
+well under a second per run, with the same code path as the demos."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lit_spikes.data import DataConfig, StepDataModule
+from lit_spikes.model import GPTConfig
+from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.training import RunSpec
+from lit_spikes.world import WorldConfig
+
+TINY_GPT = GPTConfig(n_layer=2, n_head=2, d_model=16, block_size=16)
+TINY_DATA = DataConfig(
+    seed=3, batch_size=4, block_size=16, val_batch_size=32, world=WorldConfig(num_chars=20_000)
+)
+TINY_OPTIM = OptimConfig(peak_lr=0.01, warmup_steps=4, max_steps=20)
+
+
+@dataclass
+class Run:
+    module: TinyGPTModule
+    datamodule: StepDataModule
+    spec: RunSpec
+    trainer: pl.Trainer
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {int(r["step"]): r["loss"] for r in self.module.history}
+
+
+def fit(
+    root: Path,
+    name: str,
+    max_steps: int,
+    *,
+    gpt: GPTConfig = TINY_GPT,
+    optim: OptimConfig = TINY_OPTIM,
+    data: DataConfig = TINY_DATA,
+    ckpt_path: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    callbacks: Sequence[Callback] = (),
+    val_every: int | None = None,
+    model_seed: int = 0,
+    **trainer_kwargs: Any,
+) -> Run:
+    """Fit a tiny model to ``max_steps`` (from ``ckpt_path`` if given) under ``root/name``."""
+    module = TinyGPTModule(gpt=gpt, optim=optim, model_seed=model_seed)
+    datamodule = StepDataModule(data)
+    if val_every is None:
+        trainer_kwargs.setdefault("limit_val_batches", 0)
+    spec = RunSpec(
+        log_root=root,
+        name=name,
+        max_steps=max_steps,
+        checkpoint_every=checkpoint_every,
+        val_every=val_every,
+        callbacks=list(callbacks),
+        progress_bar=False,
+        trainer_kwargs=trainer_kwargs,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        trainer = spec.trainer()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return Run(module, datamodule, spec, trainer)
+
+
+def load_ckpt(path: str | Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_states_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Parameters, AdamW state (exp_avg, exp_avg_sq, step) and scheduler state of two
+    checkpoints are bit-identical."""
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), f"parameter {key} differs"
+    assert len(a["optimizer_states"]) == len(b["optimizer_states"]) == 1
+    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert state_a.keys() == state_b.keys() and state_a
+    for index, tensors in state_a.items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(tensors[name], state_b[index][name]), f"{name} of param {index}"
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert a["global_step"] == b["global_step"]
+
+
+def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.fixture
+def tiny() -> dict[str, Any]:
+    """The tiny configs, for tests that vary one field with ``dataclasses.replace``."""
+    return {"gpt": TINY_GPT, "data": TINY_DATA, "optim": TINY_OPTIM, "replace": replace}

@@ -1,0 +1,280 @@
+"""The spike callbacks: arguments, state through real checkpoints, detection, remedies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from callbacks import BatchSkipper, LRScaler, RollbackRestore, SpikeDetector
+from lit_spikes.module import TinyGPTModule
+from lit_spikes.training import checkpoint_path
+from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+
+N, K, EVERY = 20, 10, 5
+
+
+# ------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metrics": ("loss", "perplexity")}, r"metrics=\('loss', 'perplexity'\)"),
+        ({"window": 1}, r"window=1 must be >= 2"),
+        ({"ratio": None, "z_score": None}, r"ratio=None and z_score=None"),
+        ({"ratio": 0.9}, r"ratio=0.9 must be > 1"),
+        ({"z_score": -1.0}, r"z_score=-1.0 must be > 0"),
+        ({"action": "rollback"}, r"action='rollback' must be 'log' or 'stop'"),
+        ({"warmup": -3}, r"warmup=-3 must be >= 0"),
+    ],
+)
+def test_spike_detector_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SpikeDetector(**kwargs)
+
+
+def test_remedy_callbacks_reject_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"ranges entry \(30, 20\)"):
+        BatchSkipper(ranges=[(30, 20)])
+    with pytest.raises(ValueError, match=r"skip position -1"):
+        BatchSkipper(positions=[-1])
+    with pytest.raises(ValueError, match=r"at least one position"):
+        BatchSkipper()
+    with pytest.raises(ValueError, match=r"factor=0 must be > 0"):
+        LRScaler(factor=0)
+    with pytest.raises(ValueError, match=r"end_step=5 must be > start_step=5"):
+        LRScaler(factor=0.5, start_step=5, end_step=5)
+    with pytest.raises(ValueError, match=r"distance=-1"):
+        RollbackRestore(tmp_path, spike_step=10, distance=-1)
+    with pytest.raises(FileNotFoundError, match=r"does not exist"):
+        _ = RollbackRestore(tmp_path / "nowhere", spike_step=10).ckpt_path
+
+
+# ------------------------------------------------------------------ detection
+
+
+def test_spike_detector_flags_a_jump_and_a_nan_and_not_noise() -> None:
+    detector = SpikeDetector(window=5, warmup=5, ratio=1.4)
+    values = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 2.02, 3.1, 2.9, 2.0, float("nan"), 2.0]
+    for step, value in enumerate(values):
+        detector.check(step, {"loss": value})
+    assert [s["step"] for s in detector.spikes] == [7, 8, 10]
+    assert detector.onsets == [7, 10]
+    first = detector.spikes[0]
+    assert first["metric"] == "loss" and first["value"] == 3.1
+    assert first["reference"] == pytest.approx(
+        sum(values[2:7]) / 5
+    )  # a mean, not an exactness claim
+    assert math.isnan(detector.spikes[2]["value"])
+
+
+def test_spike_detector_z_score_mode() -> None:
+    detector = SpikeDetector(window=10, warmup=10, ratio=None, z_score=6.0)
+    for step in range(10):
+        detector.check(step, {"loss": 2.0 + 0.01 * (step % 3)})
+    assert not detector.check(10, {"loss": 2.05})
+    assert detector.check(11, {"loss": 2.5})
+
+
+def test_spike_detector_does_not_flag_a_smooth_run(tmp_path: Path) -> None:
+    detector = SpikeDetector()
+    fit(tmp_path, "smooth", 40, callbacks=[detector], optim=replace(TINY_OPTIM, max_steps=40))
+    assert detector.spikes == []
+
+
+def test_spike_detector_flags_a_poisoned_batch_and_stops(tmp_path: Path) -> None:
+    detector = SpikeDetector(warmup=10, window=10, ratio=1.2, action="stop")
+    data = replace(TINY_DATA, poison=(25,))
+    run = fit(
+        tmp_path,
+        "poisoned",
+        40,
+        callbacks=[detector],
+        data=data,
+        optim=replace(TINY_OPTIM, max_steps=40),
+    )
+    assert detector.onsets == [25]
+    assert run.trainer.global_step == 26  # stopped right after the spike step
+    assert max(run.losses) == 25
+
+
+class _NaNAtStep(TinyGPTModule):
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step == 12:
+            self.history[-1]["loss"] = float("nan")
+            return loss * float("nan")
+        return loss
+
+
+def test_spike_detector_flags_nan_loss(tmp_path: Path) -> None:
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.conftest import TINY_GPT
+
+    detector = SpikeDetector(action="stop")
+    module = _NaNAtStep(gpt=TINY_GPT, optim=TINY_OPTIM)
+    spec = RunSpec(
+        tmp_path,
+        "nan",
+        N,
+        callbacks=[detector],
+        progress_bar=False,
+        trainer_kwargs={"limit_val_batches": 0},
+    )
+    trainer = spec.trainer()
+    trainer.fit(module, datamodule=StepDataModule(TINY_DATA))
+    assert [s["step"] for s in detector.spikes] == [12]
+    assert trainer.global_step == 13
+
+
+# ------------------------------------------------------------------ state through a real .ckpt
+
+
+def test_spike_detector_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    data, optim = replace(TINY_DATA, poison=(25,)), replace(TINY_OPTIM, max_steps=40)
+    saved = SpikeDetector(warmup=10, window=10, ratio=1.2)
+    reference = fit(
+        tmp_path, "ref", 30, checkpoint_every=10, callbacks=[saved], data=data, optim=optim
+    )
+    assert saved.onsets == [25]
+    ckpt = checkpoint_path(reference.spec.run_dir, 30)
+    assert load_ckpt(ckpt)["callbacks"][saved.state_key] == saved.state_dict()
+    restored = SpikeDetector(warmup=10, window=10, ratio=1.2)
+    other = SpikeDetector(warmup=10, window=4, ratio=1.2)  # another instance, another key
+    fit(
+        tmp_path, "resumed", 30, ckpt_path=ckpt, callbacks=[restored, other], data=data, optim=optim
+    )
+    assert restored.state_dict() == saved.state_dict()
+    assert other.spikes == []
+
+
+def test_remedy_states_round_trip_through_a_checkpoint(tmp_path: Path) -> None:
+    skipper, scaler = BatchSkipper(ranges=[(12, 15)]), LRScaler(0.5, start_step=3)
+    reference = fit(tmp_path, "ref", K, checkpoint_every=EVERY, callbacks=[skipper, scaler])
+    ckpt = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
+    assert ckpt["callbacks"][skipper.state_key] == {"skip": [12, 13, 14]}
+    assert ckpt["callbacks"][scaler.state_key] == {"factor": 0.5, "start_step": 3, "end_step": None}
+    assert ckpt["StepDataModule"]["skip"] == [12, 13, 14]
+
+
+# ------------------------------------------------------------------ remedies resume bit-exactly
+
+
+def test_batch_skipper_run_resumes_bit_exactly(tmp_path: Path) -> None:
+    reference = fit(
+        tmp_path, "ref", N, checkpoint_every=EVERY, callbacks=[BatchSkipper(ranges=[(12, 16)])]
+    )
+    positions = [r["position"] for r in reference.module.history]
+    assert positions == [*range(12), *range(16, 24)]
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+        callbacks=[BatchSkipper(ranges=[(12, 16)])],
+    )
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+    # Skipping is restored from the checkpoint even without the callback.
+    bare = fit(
+        tmp_path,
+        "bare",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+    )
+    assert [r["position"] for r in bare.module.history] == positions[K:]
+
+
+def test_lr_scaler_run_resumes_bit_exactly(tmp_path: Path) -> None:
+    reference = fit(
+        tmp_path, "ref", N, checkpoint_every=EVERY, callbacks=[LRScaler(0.5, start_step=7)]
+    )
+    plain = fit(tmp_path, "plain", 8)
+    assert reference.module.history[7]["lr"] == plain.module.history[7]["lr"] * 0.5
+    assert reference.module.history[6]["lr"] == plain.module.history[6]["lr"]
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+        callbacks=[LRScaler(0.5, start_step=7)],
+    )
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+
+
+def test_gradient_clipping_logs_the_norm_before_clipping(tmp_path: Path) -> None:
+    clipped = fit(tmp_path, "clipped", 5, gradient_clip_val=1e-3)
+    free = fit(tmp_path, "free", 5)
+    assert clipped.module.history[0]["grad_norm"] == free.module.history[0]["grad_norm"] > 1e-3
+    assert clipped.module.history[1]["loss"] != free.module.history[1]["loss"]
+
+
+# ------------------------------------------------------------------ rollback
+
+
+def test_rollback_picks_newest_checkpoint_before_the_spike_and_skips_corrupt(
+    tmp_path: Path,
+) -> None:
+    reference = fit(tmp_path, "ref", N, checkpoint_every=EVERY)
+    ckpt_dir = reference.spec.run_dir / "checkpoints"
+    assert RollbackRestore(ckpt_dir, spike_step=17, distance=2).ckpt_step == 15
+    assert RollbackRestore(ckpt_dir, spike_step=17, distance=3).ckpt_step == 10
+    (ckpt_dir / "step=10.ckpt").write_bytes(b"")  # an interrupted save
+    truncated = (ckpt_dir / "step=5.ckpt").read_bytes()
+    rollback = RollbackRestore(ckpt_dir, spike_step=17, distance=3)
+    with pytest.warns(UserWarning, match=r"step=10.ckpt: the file is empty"):
+        assert rollback.ckpt_step == 5
+    assert len(rollback.refused) == 1
+    (ckpt_dir / "step=5.ckpt").write_bytes(truncated[: len(truncated) // 2])
+    with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="no valid checkpoint"):
+        _ = RollbackRestore(ckpt_dir, spike_step=17, distance=3).ckpt_path
+
+
+def test_rollback_restore_resumes_from_the_chosen_checkpoint(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "ref", N, checkpoint_every=EVERY)
+    rollback = RollbackRestore(reference.spec.run_dir / "checkpoints", spike_step=13, distance=3)
+    branch = fit(
+        tmp_path,
+        "branch",
+        N,
+        ckpt_path=rollback.ckpt_path,
+        callbacks=[rollback],
+        checkpoint_every=EVERY,
+    )
+    assert min(branch.losses) == 10
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(branch.spec.run_dir, N)),
+    )
+    with pytest.raises(ValueError, match="RollbackRestore chose"):
+        fit(tmp_path, "wrong", N, callbacks=[rollback])
+
+
+def test_callbacks_need_the_step_datamodule(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.conftest import TINY_GPT
+
+    loader = StepDataModule(TINY_DATA).stream()
+    spec = RunSpec(tmp_path, "x", 3, callbacks=[BatchSkipper(positions=[1])], progress_bar=False)
+    module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+    with pytest.raises(
+        TypeError, match="BatchSkipper needs the Trainer to run with a StepDataModule"
+    ):
+        spec.trainer().fit(module, train_dataloaders=DataLoader(loader, batch_size=None))
+    assert torch.is_tensor(next(iter(loader))["x"])

@@ -1,0 +1,198 @@
+"""Resumed vs uninterrupted: bit-exact, and each part of the checkpoint shown to matter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lit_spikes.ablations import ForgetOptimizerState, ForgetRNGState
+from lit_spikes.training import checkpoint_path
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+
+N, K, EVERY = 20, 10, 5
+
+CASES = {
+    "plain": {},
+    "dropout": {"gpt": replace(TINY_GPT, dropout=0.1)},
+    "skip_set": {"data": replace(TINY_DATA, skip=(3, 4, 11, 12, 13))},
+    "lr_scale": {"optim": replace(TINY_OPTIM, lr_scale=0.5)},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_resume_from_checkpoint_is_bit_exact(tmp_path: Path, case: str) -> None:
+    kwargs = CASES[case]
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY, **kwargs)
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+        **kwargs,
+    )
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+    assert sorted(resumed.losses) == list(range(K, N))
+    assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
+
+
+def test_resume_at_step_off_every_interval(tmp_path: Path) -> None:
+    """K=7 is no multiple of the checkpoint (5) or logging (3) interval: a run stopped
+    there and saved by hand resumes exactly, logging on its own cadence."""
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY, log_every_n_steps=3)
+    stopped = fit(tmp_path, "stopped", 7, log_every_n_steps=3)
+    path = tmp_path / "stopped" / "step=7.ckpt"
+    stopped.trainer.save_checkpoint(path)
+    resumed = fit(
+        tmp_path, "resumed", N, checkpoint_every=EVERY, ckpt_path=path, log_every_n_steps=3
+    )
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+    assert sorted(resumed.losses) == list(range(7, N))
+    assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
+
+
+def test_resume_in_a_new_process_through_the_cli(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+    config = {
+        "model": {
+            "gpt": TINY_GPT.to_dict(),
+            "optim": vars(TINY_OPTIM),
+            "model_seed": 0,
+        },
+        "data": {
+            "config": {
+                "seed": TINY_DATA.seed,
+                "batch_size": TINY_DATA.batch_size,
+                "block_size": TINY_DATA.block_size,
+                "world": vars(TINY_DATA.world),
+            }
+        },
+        "trainer": {
+            "default_root_dir": str(tmp_path / "cli"),
+            "limit_val_batches": 0,
+            "enable_progress_bar": False,
+        },
+        "checkpoint_every": EVERY,
+    }
+    config_file = tmp_path / "tiny.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    command = [sys.executable, "-m", "lit_spikes.cli", "fit", "--config", str(config_file)]
+    result = subprocess.run(
+        [*command, "--ckpt_path", str(ckpt)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed_ckpts = sorted((tmp_path / "cli" / "checkpoints").glob("*.ckpt"))
+    assert [p.name for p in resumed_ckpts] == ["step=15.ckpt", "step=20.ckpt"]
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(tmp_path / "cli", N)),
+    )
+
+
+def _final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_ckpt(checkpoint_path(run_dir, N))["state_dict"]
+
+
+def _differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fresh_optimizer_changes_the_weights(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    fresh = fit(
+        tmp_path,
+        "fresh",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=ckpt,
+        callbacks=[ForgetOptimizerState()],
+    )
+    assert _differs(_final_params(reference.spec.run_dir), _final_params(fresh.spec.run_dir))
+    # the first step after the resume already moves differently
+    assert fresh.losses[K] == reference.losses[K]
+    assert fresh.losses[K + 1] != reference.losses[K + 1]
+
+
+def test_other_data_seed_changes_the_weights(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    with pytest.warns(UserWarning, match="data seed 3"):
+        other = fit(
+            tmp_path,
+            "other",
+            N,
+            checkpoint_every=EVERY,
+            ckpt_path=ckpt,
+            data=replace(TINY_DATA, seed=7),
+        )
+    assert _differs(_final_params(reference.spec.run_dir), _final_params(other.spec.run_dir))
+    assert other.losses[K] != reference.losses[K]
+
+
+def test_dropout_without_rng_restore_changes_the_weights(tmp_path: Path) -> None:
+    gpt = replace(TINY_GPT, dropout=0.1)
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY, gpt=gpt)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    torch.manual_seed(12345)  # whatever state the process happens to be in
+    forgot = fit(
+        tmp_path,
+        "forgot",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=ckpt,
+        gpt=gpt,
+        callbacks=[ForgetRNGState()],
+    )
+    assert _differs(_final_params(reference.spec.run_dir), _final_params(forgot.spec.run_dir))
+    assert forgot.losses[K] != reference.losses[K]
+
+
+def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
+    """The Trainer adds nothing to the numerics: same weights as a hand-written loop."""
+    from lit_spikes.plain import train_plain
+
+    run = fit(tmp_path, "lightning", N)
+    plain = train_plain(TINY_GPT, TINY_OPTIM, TINY_DATA, N, model_seed=0)
+    lightning_state = run.module.model.state_dict()
+    for key, value in plain.model.state_dict().items():
+        assert torch.equal(value, lightning_state[key]), key
+    assert [r["loss"] for r in plain.history] == [r["loss"] for r in run.module.history]
+
+
+def test_different_model_config_is_refused_before_any_step(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    with pytest.raises(ValueError, match=r"d_model: checkpoint 16, now 32"):
+        fit(tmp_path, "wider", N, ckpt_path=ckpt, gpt=replace(TINY_GPT, d_model=32))
+    assert not (tmp_path / "wider" / "checkpoints").exists()
+
+
+def test_fingerprint_difference_warns(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    checkpoint = load_ckpt(ckpt)
+    checkpoint["lit_spikes"]["fingerprint"]["num_threads"] = 7
+    torch.save(checkpoint, tmp_path / "edited.ckpt")
+    with pytest.warns(UserWarning, match=r"num_threads: checkpoint 7, now 1.*not guaranteed"):
+        fit(tmp_path, "resumed", K + 2, ckpt_path=tmp_path / "edited.ckpt")
+
+
+def test_skip_before_resume_point_is_refused(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    with pytest.raises(ValueError, match=r"skip positions \[4\] lie before data position 10"):
+        fit(tmp_path, "bad", N, ckpt_path=ckpt, data=replace(TINY_DATA, skip=(4, 12)))
