@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
 from lit_spikes.training import RunSpec
 
 
@@ -46,7 +46,7 @@ class Branch:
     """Optimiser and schedule."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data seed, batch size, skip set."""
-    model_seed: int = 2
+    model_seed: int = DEFAULT_MODEL_SEED
     """Initialisation seed (ignored when resuming: the weights come from the checkpoint)."""
     callbacks: Sequence[Callback] = ()
     """Remedies, detectors: picklable callback instances."""

@@ -18,8 +18,11 @@ from lit_spikes.ablations import ForgetOptimizerState
 from lit_spikes.branches import Branch, BranchResult
 from lit_spikes.data import DataConfig
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig
+from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig
 from lit_spikes.training import checkpoint_path
+
+REFERENCE = "demo1/reference"
+"""The reference run's name, hence its directory under the log root."""
 
 
 @dataclass
@@ -32,7 +35,7 @@ class DemoSetup:
     """AdamW at peak LR 0.1, 100 warm-up steps, cosine to 10%, 400 steps."""
     data: DataConfig = field(default_factory=DataConfig)
     """Data seed, batch 16."""
-    model_seed: int = 2
+    model_seed: int = DEFAULT_MODEL_SEED
     """Initialisation seed of the model."""
     ckpt_step: int = 100
     """Demo 1 resumes from the checkpoint of this step."""
@@ -42,6 +45,10 @@ class DemoSetup:
     """Validation interval (it must divide the run length, so every row ends validated)."""
     other_data_seed: int = 7
     """Data seed of demo 1's 'data order changed' row."""
+    rollback_distance: int = 20
+    """Demo 2 resumes from the newest checkpoint at least this many steps before the spike."""
+    skip_window: int = 30
+    """Data positions each of demo 2's skip windows covers (the seed's 30)."""
     log_root: Path = Path("runs")
     """TensorBoard root: each demo writes ``<log_root>/demo<k>/<row>``."""
     workers: int = 2
@@ -76,17 +83,21 @@ class DemoSetup:
         )
         return replace(base, **changes)  # type: ignore[arg-type]
 
-    def reference(self, demo_dir: str = "demo1", **changes: object) -> Branch:
-        """The uninterrupted run that writes the checkpoints every branch resumes from."""
+    def reference(self, **changes: object) -> Branch:
+        """The uninterrupted run that writes the checkpoints every branch resumes from;
+        it watches for spikes (demo 2 needs them) without acting on them."""
+        from callbacks import SpikeDetector
+
+        changes.setdefault("callbacks", [SpikeDetector(min_step=self.optim.warmup_steps)])
         return self.branch(
-            "reference",
+            REFERENCE,
             "uninterrupted (reference)",
             checkpoint_every=self.checkpoint_every,
             **changes,
         )
 
-    def checkpoint(self, step: int, demo_dir: str = "demo1") -> Path:
-        return checkpoint_path(self.log_root / demo_dir / "reference", step)
+    def checkpoint(self, step: int) -> Path:
+        return checkpoint_path(self.log_root / REFERENCE, step)
 
 
 # ----------------------------------------------------------------------------- demo 1
@@ -96,15 +107,17 @@ def demo1_branches(setup: DemoSetup) -> list[Branch]:
     """Demo 1's resumes, each from the reference run's ``step=<ckpt_step>.ckpt``."""
     ckpt = setup.checkpoint(setup.ckpt_step)
     return [
-        setup.branch("resume_exact", "resume: params + optimizer + data position", ckpt_path=ckpt),
         setup.branch(
-            "resume_fresh_adamw",
+            "demo1/resume_exact", "resume: params + optimizer + data position", ckpt_path=ckpt
+        ),
+        setup.branch(
+            "demo1/resume_fresh_adamw",
             "resume: optimizer state forgotten (fresh AdamW)",
             ckpt_path=ckpt,
             callbacks=[ForgetOptimizerState()],
         ),
         setup.branch(
-            "resume_data_seed_7",
+            "demo1/resume_other_data_seed",
             f"resume: data order changed (data seed {setup.other_data_seed})",
             ckpt_path=ckpt,
             data=replace(setup.data, seed=setup.other_data_seed),
@@ -203,3 +216,291 @@ def print_demo1(setup: DemoSetup, report: Demo1Report, console: Console | None =
     )
     for i, text in enumerate(report.observations, 1):
         console.print(f"  {i}. {text}")
+
+
+# ----------------------------------------------------------------------------- demo 2
+
+
+@dataclass
+class SpikePlan:
+    """Where the reference run spiked and what demo 2 branches from."""
+
+    onset: int
+    """First step of the first spike the detector flagged after warm-up."""
+    ckpt_step: int
+    """Step of the checkpoint the remedies resume from (RollbackRestore's choice)."""
+    ckpt_path: Path
+    skip_before: tuple[int, int]
+    """Data positions of the window that ends where the spike starts."""
+    skip_straddle: tuple[int, int]
+    """Data positions of the window that straddles the spike's start."""
+
+
+def plan_remedies(setup: DemoSetup, spikes: list[dict[str, object]]) -> SpikePlan:
+    """Derive demo 2's checkpoint and skip windows from the spikes the detector found.
+
+    Raises:
+        RuntimeError: the reference run had no spike after warm-up.
+    """
+    from callbacks.rollback import RollbackRestore
+
+    onsets = sorted(int(s["step"]) for s in spikes)  # type: ignore[call-overload]
+    after = [s for s in onsets if s >= setup.optim.warmup_steps]
+    if not after:
+        raise RuntimeError(
+            "the reference run had no loss spike after warm-up, so demo 2 has nothing to "
+            f"remedy (spikes: {onsets}); the numerics moved: try other seeds"
+        )
+    onset, window, distance = after[0], setup.skip_window, setup.rollback_distance
+    rollback = RollbackRestore(
+        setup.checkpoint(0).parent, spike_step=onset, distance=min(distance, onset)
+    )
+    k = rollback.ckpt_step
+    # Positions equal steps up to the spike: the reference run skipped nothing.
+    before = (max(k, onset - window), onset)
+    straddle_start = max(k, onset - window // 3)
+    return SpikePlan(
+        onset, k, rollback.ckpt_path, before, (straddle_start, straddle_start + window)
+    )
+
+
+def demo2_branches(setup: DemoSetup, plan: SpikePlan) -> list[Branch]:
+    """Demo 2's remedies, each resumed from the checkpoint before the spike."""
+    from callbacks import BatchSkipper, LRScaler
+
+    k, ckpt = plan.ckpt_step, plan.ckpt_path
+    (a0, a1), (b0, b1) = plan.skip_before, plan.skip_straddle
+    return [
+        setup.branch(
+            "demo2/skip_before",
+            f"skip data {a0}-{a1 - 1} (PaLM)",
+            ckpt_path=ckpt,
+            callbacks=[BatchSkipper(ranges=[plan.skip_before])],
+        ),
+        setup.branch(
+            "demo2/skip_straddle",
+            f"skip data {b0}-{b1 - 1} (PaLM)",
+            ckpt_path=ckpt,
+            callbacks=[BatchSkipper(ranges=[plan.skip_straddle])],
+        ),
+        setup.branch(
+            "demo2/halve_lr",
+            "halve the LR (OPT)",
+            ckpt_path=ckpt,
+            callbacks=[LRScaler(0.5, start_step=k)],
+        ),
+        setup.branch(
+            "demo2/clip",
+            "gradient clipping at norm 1.0",
+            ckpt_path=ckpt,
+            trainer_kwargs={"gradient_clip_val": 1.0},
+        ),
+    ]
+
+
+@dataclass
+class Demo2Row:
+    label: str
+    max_loss: float
+    max_logit: float
+    losses_at: list[float]
+    val_bpc: float
+    start_step: int
+
+
+@dataclass
+class Demo2Report:
+    plan: SpikePlan
+    steps_at: list[int]
+    rows: list[Demo2Row]
+    observations: list[str]
+
+
+def demo2_report(
+    setup: DemoSetup, plan: SpikePlan, reference: BranchResult, results: dict[str, BranchResult]
+) -> Demo2Report:
+    k = plan.ckpt_step
+    hi = min(k + 100, setup.steps)
+    steps_at = sorted(
+        {min(k + 100, setup.steps - 1), min(k + 200, setup.steps - 1), setup.steps - 1}
+    )
+    ordered = [reference, *(results[b.name] for b in demo2_branches(setup, plan))]
+    labels = ["do nothing (reference)", *(r.label for r in ordered[1:])]
+    rows = [
+        Demo2Row(
+            label,
+            r.window(k, hi),
+            r.window(k, hi, "max_logit"),
+            [r.at(s) for s in steps_at],
+            r.val_bpc,
+            r.start_step if r is not reference else 0,
+        )
+        for label, r in zip(labels, ordered, strict=True)
+    ]
+    ref, skip_a, skip_b, half, clip = rows
+    best = min(rows[1:], key=lambda r: r.val_bpc)
+    obs = [
+        f"The detector flagged the reference's spike at step {plan.onset} "
+        f"(loss {reference.at(plan.onset):.3f}); every remedy resumes from the real checkpoint "
+        f"of step {k} and runs to step {setup.steps}.",
+        f"Best remedy by validation: {best.label} ({best.val_bpc:.3f} bits/char against "
+        f"{ref.val_bpc:.3f} for doing nothing).",
+    ]
+    skips = [skip_a, skip_b]
+    helped = [r for r in skips if r.val_bpc < ref.val_bpc - 0.005]
+    obs.append(
+        "Skipping data: "
+        + "; ".join(f"{r.label} ends at {r.val_bpc:.3f}" for r in skips)
+        + (
+            ": neither window helps, so the spike is not caused by those batches."
+            if not helped
+            else f": {len(helped)} of 2 windows help"
+            + (", the other does not: a lottery, not a cure." if len(helped) == 1 else ".")
+        )
+    )
+    obs.append(
+        f"Halving the LR: loss at step {steps_at[0]} is {half.losses_at[0]:.3f} against "
+        f"{ref.losses_at[0]:.3f}, validation {half.val_bpc:.3f} against {ref.val_bpc:.3f}: "
+        + ("it helps." if half.val_bpc < ref.val_bpc - 0.005 else "it does not help.")
+        + f" The largest attention logit after the checkpoint: {half.max_logit:.0f} against "
+        f"{ref.max_logit:.0f}."
+    )
+    obs.append(
+        f"Clipping at norm 1.0 ends at {clip.val_bpc:.3f} against {ref.val_bpc:.3f}: "
+        + (
+            "it helps."
+            if clip.val_bpc < ref.val_bpc - 0.005
+            else "it does not help: the logit growth comes from many small steady updates, "
+            "not from a few huge gradients."
+        )
+    )
+    return Demo2Report(plan, steps_at, rows, obs)
+
+
+def print_demo2(setup: DemoSetup, report: Demo2Report, console: Console | None = None) -> None:
+    console = console or Console()
+    k = report.plan.ckpt_step
+    hi = min(k + 100, setup.steps)
+    table = Table(
+        title=f"Demo 2: remedies from the step-{k} checkpoint "
+        f"(spike detected at step {report.plan.onset})"
+    )
+    table.add_column("remedy")
+    table.add_column(f"max loss {k}-{hi - 1}", justify="right")
+    table.add_column("max attn logit", justify="right")
+    for step in report.steps_at:
+        table.add_column(f"loss @{step}", justify="right")
+    table.add_column("val bits/char", justify="right")
+    for row in report.rows:
+        table.add_row(
+            row.label,
+            f"{row.max_loss:.3f}",
+            f"{row.max_logit:.1f}",
+            *(f"{v:.3f}" for v in row.losses_at),
+            f"{row.val_bpc:.3f}",
+        )
+    console.print(table)
+    for i, text in enumerate(report.observations, 1):
+        console.print(f"  {i}. {text}")
+
+
+# ----------------------------------------------------------------------------- demo 3
+
+
+@dataclass(frozen=True)
+class PalmCost:
+    """PaLM's spike handling, in round numbers (PaLM paper, section 5.1 and table 1)."""
+
+    spikes: int = 20
+    """Loss spikes during training ('about 20')."""
+    rollback_steps: int = 100
+    """Steps rolled back for each spike ('about 100 steps before the spike')."""
+    skip_min: int = 200
+    """Fewest batches skipped per spike."""
+    skip_max: int = 500
+    """Most batches skipped per spike."""
+    total_steps: int = 255_000
+    """Steps of the whole run."""
+    final_batch_tokens: int = 2048 * 2048
+    """Tokens per batch at the end of training (2048 sequences x 2048 tokens)."""
+    total_tokens: float = 780e9
+    """Tokens of the whole run."""
+
+    def __post_init__(self) -> None:
+        for name in ("spikes", "rollback_steps", "total_steps", "final_batch_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PalmCost.{name}={getattr(self, name)} must be > 0")
+        if not 0 <= self.skip_min <= self.skip_max:
+            raise ValueError(f"need 0 <= skip_min={self.skip_min} <= skip_max={self.skip_max}")
+
+    @property
+    def recomputed(self) -> int:
+        return self.spikes * self.rollback_steps
+
+    @property
+    def skipped(self) -> tuple[int, int]:
+        return self.spikes * self.skip_min, self.spikes * self.skip_max
+
+    @property
+    def skipped_tokens_max(self) -> float:
+        return self.skipped[1] * self.final_batch_tokens
+
+    def lines(self) -> list[str]:
+        lo, hi = self.skipped
+        return [
+            f"about {self.spikes} spikes x a rollback of about {self.rollback_steps} steps = "
+            f"{self.recomputed:,} steps recomputed, {self.recomputed / self.total_steps:.1%} "
+            f"of {self.total_steps:,} steps",
+            f"skipped data: {self.spikes} x {self.skip_min}-{self.skip_max} batches = "
+            f"{lo:,}-{hi:,} batches; at the final batch of "
+            f"{self.final_batch_tokens / 1e6:.1f}M tokens at most about "
+            f"{self.skipped_tokens_max / 1e9:.0f}B tokens, "
+            f"{self.skipped_tokens_max / self.total_tokens:.0%} of {self.total_tokens / 1e9:.0f}B "
+            "(an upper bound: earlier batches were smaller)",
+        ]
+
+
+@dataclass
+class LedgerRow:
+    remedy: str
+    steps_recomputed: int
+    batches_skipped: int
+    wall_s: float
+
+
+def demo2_ledger(
+    setup: DemoSetup, plan: SpikePlan, results: dict[str, BranchResult]
+) -> list[LedgerRow]:
+    """Demo 2's cost, PaLM-style: each remedy branch recomputes the steps from its
+    checkpoint to the spike and beyond; skipping remedies drop batches."""
+    rows = []
+    for branch in demo2_branches(setup, plan):
+        result = results[branch.name]
+        positions = [int(r["position"]) for r in result.history]
+        skipped = positions[-1] - int(result.history[-1]["step"]) if positions else 0
+        rows.append(LedgerRow(result.label, plan.onset - plan.ckpt_step, skipped, result.wall_s))
+    return rows
+
+
+def print_demo3(
+    cost: PalmCost, ledger: list[LedgerRow] | None = None, console: Console | None = None
+) -> None:
+    console = console or Console()
+    console.rule("Demo 3: what PaLM's remedy cost (rough accounting)")
+    for line in cost.lines():
+        console.print(f"  {line}")
+    if ledger:
+        table = Table(title="The same ledger for demo 2 (per remedy branch)")
+        table.add_column("remedy")
+        table.add_column("steps recomputed up to the spike", justify="right")
+        table.add_column("batches skipped", justify="right")
+        table.add_column("wall time (s)", justify="right")
+        for row in ledger:
+            table.add_row(
+                row.remedy, str(row.steps_recomputed), str(row.batches_skipped), f"{row.wall_s:.1f}"
+            )
+        console.print(table)
+    console.print(
+        "  The recomputation is cheap (about 1% of the steps); the real cost is people: "
+        "someone must notice each spike, choose the checkpoint, and decide how much to skip."
+    )

@@ -98,7 +98,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model)
         self.mlp = nn.Sequential(
             nn.Linear(config.d_model, 4 * config.d_model),
-            nn.GELU(),
+            nn.ReLU(),
             nn.Linear(4 * config.d_model, config.d_model),
             nn.Dropout(config.dropout),
         )

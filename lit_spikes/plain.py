@@ -12,7 +12,7 @@ import torch
 
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig, TinyGPT, build_model
-from lit_spikes.module import OptimConfig, grad_norm, seed_rngs
+from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, grad_norm, seed_rngs
 
 
 @dataclass
@@ -27,7 +27,7 @@ def train_plain(
     optim_config: OptimConfig,
     data_config: DataConfig,
     steps: int,
-    model_seed: int = 2,
+    model_seed: int = DEFAULT_MODEL_SEED,
     train_seed: int = 0,
     num_threads: int = 1,
     record: bool = True,

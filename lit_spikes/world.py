@@ -128,10 +128,9 @@ class World:
             for p in self.people
         }
 
-    def _sentence(self, rng: random.Random) -> str:
-        """One sentence about a random person; everything after the choice of person and
-        template follows from the world's facts, so the text is learnable."""
-        p = rng.choice(self.people)
+    def _sentence(self, rng: random.Random, p: str) -> str:
+        """One sentence about person ``p``; everything after the choice of template follows
+        from the world's facts, so the text is learnable."""
         rel, q = self.relation[p]
         kind = rng.randrange(7)
         if kind == 0:
@@ -155,7 +154,10 @@ class World:
         lines: list[str] = []
         length = 0
         while length < self.config.num_chars:
-            line = " ".join(self._sentence(rng) for _ in range(rng.randint(1, 4))) + "\n"
+            # A line is about one person: the name recurs, so attending back to it pays.
+            person = rng.choice(self.people)
+            sentences = (self._sentence(rng, person) for _ in range(rng.randint(2, 5)))
+            line = " ".join(sentences) + "\n"
             lines.append(line)
             length += len(line)
         return "".join(lines)

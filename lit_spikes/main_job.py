@@ -1,0 +1,144 @@
+"""The main job (``make demo``): demos 1, 2 and 3 on the built-in world.
+
+One reference run trains from scratch, writing ``step=<k>.ckpt`` files and watching for
+spikes. Every other row of demos 1 and 2 is a branch resumed from one of those real
+checkpoint files, run in parallel worker processes. Tables and observations are printed
+from the numbers of this run; all runs go to ``<log_root>/demo1`` and ``<log_root>/demo2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from lit_spikes.branches import BranchResult, run_branch, run_branches
+from lit_spikes.demos import (
+    REFERENCE,
+    Demo1Report,
+    Demo2Report,
+    DemoSetup,
+    LedgerRow,
+    PalmCost,
+    demo1_branches,
+    demo1_report,
+    demo2_branches,
+    demo2_ledger,
+    demo2_report,
+    plan_remedies,
+    print_demo1,
+    print_demo2,
+    print_demo3,
+)
+
+
+@dataclass
+class MainJobResult:
+    reference: BranchResult
+    demo1: Demo1Report | None
+    demo2: Demo2Report | None
+    ledger: list[LedgerRow] | None
+    wall_s: float
+
+
+def mirror_reference_logs(setup: DemoSetup) -> None:
+    """Demo 2's 'do nothing' row is the reference run: copy its TensorBoard events (not
+    its checkpoints) to ``demo2/reference`` so ``--logdir runs/demo2`` overlays all rows."""
+    source, target = setup.log_root / REFERENCE, setup.log_root / "demo2" / "reference"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for events in source.glob("events.out.tfevents.*"):
+        shutil.copy2(events, target / events.name)
+
+
+def clear_previous(setup: DemoSetup) -> None:
+    """A new main job replaces the previous one's runs: stale checkpoints and event files
+    would otherwise mix into this run's TensorBoard curves and rollback choices."""
+    for demo in ("demo1", "demo2"):
+        shutil.rmtree(setup.log_root / demo, ignore_errors=True)
+
+
+def wide_console() -> Console:
+    """A console that does not fold the tables at 80 columns when output is piped."""
+    console = Console()
+    return console if console.is_terminal else Console(width=132)
+
+
+def ledger_path(log_root: Path) -> Path:
+    return log_root / "demo2" / "ledger.json"
+
+
+def write_ledger(setup: DemoSetup, ledger: list[LedgerRow]) -> None:
+    """Demo 2's cost ledger, for ``scripts/demo_palm_cost.py`` to print beside PaLM's."""
+    path = ledger_path(setup.log_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(row) for row in ledger], indent=2))
+
+
+def read_ledger(log_root: Path) -> list[LedgerRow] | None:
+    path = ledger_path(log_root)
+    if not path.is_file():
+        return None
+    return [LedgerRow(**row) for row in json.loads(path.read_text())]
+
+
+def run_main_job(
+    setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3), console: Console | None = None
+) -> MainJobResult:
+    """Run the reference and the branches the chosen demos need, then print their tables."""
+    unknown = sorted(set(demos) - {1, 2, 3})
+    if unknown or not demos:
+        raise ValueError(f"demos={demos!r}: choose from 1, 2, 3")
+    console = console or wide_console()
+    start = time.perf_counter()
+    clear_previous(setup)
+    console.rule(
+        f"Reference run: {setup.steps} steps from scratch, checkpoint every "
+        f"{setup.checkpoint_every} steps"
+    )
+    reference = run_branch(setup.reference(), setup.log_root)
+    mirror_reference_logs(setup)
+    branches = demo1_branches(setup) if 1 in demos else []
+    plan = None
+    if 2 in demos or 3 in demos:
+        spikes = reference.callback_states.get("SpikeDetector", {}).get("spikes", [])
+        plan = plan_remedies(setup, spikes)
+        branches += demo2_branches(setup, plan)
+    console.rule(
+        f"{len(branches)} branches from the reference's checkpoints, {setup.workers} at a time"
+    )
+    results = run_branches(branches, setup.log_root, workers=setup.workers)
+    demo1 = demo2 = ledger = None
+    if 1 in demos:
+        demo1 = demo1_report(setup, reference, results)
+        print_demo1(setup, demo1, console)
+    if plan is not None:
+        demo2 = demo2_report(setup, plan, reference, results)
+        ledger = demo2_ledger(setup, plan, results)
+        write_ledger(setup, ledger)
+        if 2 in demos:
+            print_demo2(setup, demo2, console)
+    if 3 in demos:
+        print_demo3(PalmCost(), ledger, console)
+    wall = time.perf_counter() - start
+    console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
+    return MainJobResult(reference, demo1, demo2, ledger, wall)
+
+
+def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log-root", type=Path, default=Path("runs"), help="TensorBoard root")
+    parser.add_argument("--workers", type=int, default=2, help="parallel branch processes")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers={args.workers} must be >= 1")
+    run_main_job(DemoSetup(log_root=args.log_root, workers=args.workers), demos)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""End-to-end: the main job at reduced size, with a planted spike so it always has one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from lit_spikes.demos import DemoSetup, PalmCost
+from lit_spikes.main_job import run_main_job
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_setup(log_root: Path, workers: int = 2) -> DemoSetup:
+    return DemoSetup(
+        gpt=TINY_GPT,
+        optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+        data=replace(TINY_DATA, poison=(28,)),
+        model_seed=0,
+        ckpt_step=20,
+        checkpoint_every=10,
+        val_every=20,
+        rollback_distance=5,
+        skip_window=6,
+        log_root=log_root,
+        workers=workers,
+    )
+
+
+def test_main_job_at_reduced_size(tmp_path: Path) -> None:
+    setup = tiny_setup(tmp_path / "runs")
+    console = Console(record=True, width=200)
+    result = run_main_job(setup, console=console)
+    text = console.export_text()
+    for heading in ("Demo 1", "Demo 2", "Demo 3", "255,000", "0.8%", "42B tokens", "5% of 780B"):
+        assert heading in text, heading
+    assert result.demo1 is not None and result.demo2 is not None and result.ledger is not None
+    # demo 1: the exact resume is exact, the ablations are not
+    exact, fresh, other = result.demo1.rows[1:]
+    assert exact.max_param_diff == 0.0 and result.demo1.exact_losses_equal
+    assert fresh.max_param_diff > 0 and other.max_param_diff > 0
+    # demo 2: the planted spike is found; the remedies branch from the checkpoint before it
+    plan = result.demo2.plan
+    assert plan.onset == 28 and plan.ckpt_step == 20
+    assert plan.skip_before == (22, 28) and plan.skip_straddle == (26, 32)
+    assert [row.start_step for row in result.demo2.rows] == [0, 20, 20, 20, 20]
+    assert result.demo2.steps_at == [39]  # k+100, k+200 and the last step, clipped to the run
+    assert all(len(row.losses_at) == 1 for row in result.demo2.rows)
+    skip_rows = {row.remedy: row.batches_skipped for row in result.ledger}
+    assert list(skip_rows.values()) == [6, 6, 0, 0]
+    assert all(row.steps_recomputed == 8 for row in result.ledger)
+    checkpoints = sorted(p.name for p in (setup.log_root / "demo1/reference/checkpoints").iterdir())
+    assert checkpoints == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=40.ckpt"]
+
+
+def test_palm_cost_matches_the_paper_numbers() -> None:
+    cost = PalmCost()
+    assert cost.recomputed == 2_000
+    assert cost.skipped == (4_000, 10_000)
+    assert round(cost.skipped_tokens_max / 1e9) == 42
+    with pytest.raises(ValueError, match="skip_min=600 <= skip_max=500"):
+        PalmCost(skip_min=600)
