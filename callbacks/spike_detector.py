@@ -23,10 +23,11 @@ class SpikeDetector(Callback):
 
     After ``warmup`` steps of history, a step is a spike when its value exceeds
     ``ratio`` x the mean of the last ``window`` non-spike values, and/or (``mode``) the mean
-    plus ``z_score`` standard deviations. Spike steps are kept out of the reference, so a
-    long spike stays flagged. Each spike is recorded (global step, metric, value,
-    reference) in the callback's state, so it survives checkpoints and resume, and is
-    logged to TensorBoard as ``spike/<metric>``.
+    plus ``z_score`` standard deviations. Every finite value enters the reference, spikes
+    too: a jump is flagged while it is new, and a loss that settles on a higher level stops
+    being flagged once the window has caught up with it. Each spike is recorded (global
+    step, metric, value, reference) in the callback's state, so it survives checkpoints and
+    resume, and is logged to TensorBoard as ``spike/<metric>`` at its step.
 
     Defaults, next to the anchors' choices: Megatron-LM flags a loss 10x the early maximum;
     OLMo-core mean + 6 sigma over 128 steps; llm-foundry 2x the window mean for more than 4
@@ -125,7 +126,7 @@ class SpikeDetector(Callback):
         return min(limits) if self.mode == "any" else max(limits)
 
     def check(self, step: int, values: dict[str, float]) -> list[dict[str, Any]]:
-        """Judge one step's values, update the reference, and return the new spikes."""
+        """Judge one step's values, then add them to the reference; returns the new spikes."""
         found = []
         for metric in self.metrics:
             value = values.get(metric)
@@ -138,7 +139,7 @@ class SpikeDetector(Callback):
                 found.append(
                     {"step": step, "metric": metric, "value": value, "reference": reference}
                 )
-            elif math.isfinite(value):
+            if math.isfinite(value):
                 self._recent[metric].append(value)
         self._seen += 1
         self.spikes.extend(found)
@@ -150,8 +151,10 @@ class SpikeDetector(Callback):
     ) -> None:
         record = step_record(pl_module)
         found = self.check(int(record["step"]), record)
+        # Straight to the loggers: `self.log` would repeat the last value on every later step.
         for spike in found:
-            pl_module.log(f"spike/{spike['metric']}", spike["value"])
+            for logger in trainer.loggers:
+                logger.log_metrics({f"spike/{spike['metric']}": spike["value"]}, step=spike["step"])
         if found and self.action == "stop":
             trainer.should_stop = True
 

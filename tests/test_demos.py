@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from lit_spikes.demos import DemoSetup, PalmCost
-from lit_spikes.main_job import run_main_job
+from lit_spikes.main_job import MainJobResult, run_main_job
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
 
 pytestmark = pytest.mark.slow
@@ -31,11 +31,16 @@ def tiny_setup(log_root: Path, workers: int = 2) -> DemoSetup:
     )
 
 
-def test_main_job_at_reduced_size(tmp_path: Path) -> None:
-    setup = tiny_setup(tmp_path / "runs")
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoSetup, MainJobResult, str]:
+    setup = tiny_setup(tmp_path_factory.mktemp("main_job") / "runs")
     console = Console(record=True, width=200)
     result = run_main_job(setup, console=console)
-    text = console.export_text()
+    return setup, result, console.export_text()
+
+
+def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]) -> None:
+    setup, result, text = main_job
     for heading in ("Demo 1", "Demo 2", "Demo 3", "255,000", "0.8%", "42B tokens", "5% of 780B"):
         assert heading in text, heading
     assert result.demo1 is not None and result.demo2 is not None and result.ledger is not None
@@ -64,3 +69,46 @@ def test_palm_cost_matches_the_paper_numbers() -> None:
     assert round(cost.skipped_tokens_max / 1e9) == 42
     with pytest.raises(ValueError, match="skip_min=600 <= skip_max=500"):
         PalmCost(skip_min=600)
+
+
+TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position", "val/bpc"}
+
+
+def _scalars(run_dir: Path) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [e.step for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def test_tensorboard_runs_overlay_on_one_step_axis(
+    main_job: tuple[DemoSetup, MainJobResult, str],
+) -> None:
+    setup, _, _ = main_job
+    k, n = setup.ckpt_step, setup.steps
+    runs = sorted(p.parent for p in setup.log_root.glob("demo*/*/events.out.tfevents.*"))
+    names = [str(r.relative_to(setup.log_root)) for r in runs]
+    assert names == [
+        "demo1/reference",
+        "demo1/resume_exact",
+        "demo1/resume_fresh_adamw",
+        "demo1/resume_other_data_seed",
+        "demo2/clip",
+        "demo2/halve_lr",
+        "demo2/reference",
+        "demo2/skip_before",
+        "demo2/skip_straddle",
+    ]
+    for run in runs:
+        scalars = _scalars(run)
+        assert scalars.keys() >= TAGS, run
+        steps = scalars["train/loss"]
+        assert len(steps) == len(set(steps)), f"{run}: a step logged twice"
+        first = 0 if run.name == "reference" else k
+        assert steps == list(range(first, n)), run
+        # validation after global step s is logged at the index of its last step, s - 1
+        assert scalars["val/bpc"] == [s - 1 for s in range(20, n + 1, 20) if s > first]
+    assert _scalars(setup.log_root / "demo1/reference")["spike/loss"] == [28]

@@ -1,0 +1,91 @@
+"""The world, the tokenizer and step-indexed data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lit_spikes.data import DataConfig, StepDataModule, position_of_step
+from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
+from tests.conftest import TINY_DATA
+
+
+def test_world_is_deterministic_and_in_the_alphabet() -> None:
+    a, b = build_world(WorldConfig(num_chars=5_000)), build_world(WorldConfig(num_chars=5_000))
+    assert a.text == b.text
+    assert build_world(WorldConfig(seed=1, num_chars=5_000)).text != a.text
+    assert set(a.text) <= set(ALPHABET)
+    assert a.train_text() + a.val_text() == a.text
+    assert a.train_text().endswith("\n") and len(a.val_text()) > 0
+
+
+def test_default_world_size() -> None:
+    world = build_world()
+    assert 300_000 < len(world.text) < 500_000
+    assert len(world.val_text()) == pytest.approx(0.1 * len(world.text), rel=0.01)
+
+
+def test_tokenizer_round_trip_and_bad_character() -> None:
+    tokenizer = CharTokenizer()
+    assert (
+        tokenizer.decode(tokenizer.encode("ada lives near the mill.\n"))
+        == "ada lives near the mill.\n"
+    )
+    with pytest.raises(ValueError, match=r"character 'A' at position 4 is not in"):
+        tokenizer.encode("ada Ada")
+
+
+def test_world_config_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"num_people=1"):
+        WorldConfig(num_people=1)
+    with pytest.raises(ValueError, match=r"val_fraction=0\.7"):
+        WorldConfig(val_fraction=0.7)
+    with pytest.raises(ValueError, match=r"DataConfig.batch_size=0"):
+        DataConfig(batch_size=0)
+    with pytest.raises(ValueError, match=r"skip position -2"):
+        DataConfig(skip=(-2,))
+
+
+def test_position_of_step_jumps_over_the_skip_set() -> None:
+    skip = (2, 3, 7)
+    positions = [position_of_step(s, skip) for s in range(8)]
+    assert positions == [0, 1, 4, 5, 6, 8, 9, 10]
+    assert position_of_step(5, ()) == 5
+
+
+def test_batch_of_step_is_a_pure_function_of_seed_and_step() -> None:
+    first = StepDataModule(TINY_DATA).stream(0)
+    later = StepDataModule(TINY_DATA).stream(5)
+    batches = [b for _, b in zip(range(8), first, strict=False)]
+    assert torch.equal(batches[5]["x"], next(iter(later))["x"])
+    assert int(batches[5]["step"]) == 5 and int(batches[5]["position"]) == 5
+    other = next(iter(StepDataModule(replace(TINY_DATA, seed=TINY_DATA.seed + 1)).stream(5)))
+    assert not torch.equal(other["x"], batches[5]["x"])
+    # targets are the inputs shifted by one character
+    assert torch.equal(batches[0]["x"][:, 1:], batches[0]["y"][:, :-1])
+
+
+def test_skipped_positions_are_never_served() -> None:
+    dm = StepDataModule(replace(TINY_DATA, skip=(1, 2)))
+    plain = StepDataModule(TINY_DATA).stream(0)
+    plain_batches = [b["x"] for _, b in zip(range(5), plain, strict=False)]
+    served = [b for _, b in zip(range(3), dm.stream(0), strict=False)]
+    assert [int(b["position"]) for b in served] == [0, 3, 4]
+    assert torch.equal(served[1]["x"], plain_batches[3])
+
+
+def test_shards_of_a_step_make_up_the_global_batch() -> None:
+    dm = StepDataModule(TINY_DATA)
+    whole = next(iter(dm.stream(3)))["x"]
+    halves = [next(iter(dm.stream(3, rank=r, world_size=2)))["x"] for r in (0, 1)]
+    assert torch.equal(torch.cat(halves), whole)
+
+
+def test_poisoned_position_is_random_characters() -> None:
+    dm = StepDataModule(replace(TINY_DATA, poison=(2,)))
+    clean = StepDataModule(TINY_DATA)
+    poisoned = [b["x"] for _, b in zip(range(3), dm.stream(0), strict=False)]
+    normal = [b["x"] for _, b in zip(range(3), clean.stream(0), strict=False)]
+    assert torch.equal(poisoned[1], normal[1]) and not torch.equal(poisoned[2], normal[2])
