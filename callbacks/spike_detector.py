@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
@@ -116,13 +116,12 @@ class SpikeDetector(Callback):
         recent = self._recent[metric]
         if self._seen < self.warmup or len(recent) < 2:
             return None
-        values = torch.tensor(list(recent), dtype=torch.float64)
-        mean, std = values.mean().item(), values.std().item()
+        mean = statistics.fmean(recent)  # plain floats: microseconds, no tensor work
         limits = []
         if self.ratio is not None:
             limits.append(self.ratio * mean)
         if self.z_score is not None:
-            limits.append(mean + self.z_score * std)
+            limits.append(mean + self.z_score * statistics.stdev(recent))
         return min(limits) if self.mode == "any" else max(limits)
 
     def check(self, step: int, values: dict[str, float]) -> list[dict[str, Any]]:

@@ -24,6 +24,10 @@ from lit_spikes.schedule import WarmupCosine
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
 
+LOGGED_AS = {"max_logit": "train/max_logit", "position": "data/position"}
+"""TensorBoard tag of each per-step record key (``train/loss`` is logged by ``self.log``)."""
+STEP_SCALARS = ("max_logit", "lr", "grad_norm", "position")
+
 CHECKPOINT_KEY = "lit_spikes"
 """Top-level key of the checkpoint entry this project adds (RNG states, fingerprint)."""
 
@@ -219,10 +223,10 @@ class TinyGPTModule(pl.LightningModule):
 
     def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: int) -> None:
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+        # The loss goes through self.log (progress bar, callback_metrics for monitors);
+        # the other per-step scalars go to the loggers in one call at the batch's end:
+        # each self.log call costs about half a millisecond, 1.5% of a step here.
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/max_logit", max_logit, prog_bar=True)
-        self.log("lr", lr)
-        self.log("data/position", float(position))
         self.history.append(
             {
                 "step": self.global_step,
@@ -236,9 +240,15 @@ class TinyGPTModule(pl.LightningModule):
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         norm = grad_norm(self.parameters())  # before the Trainer clips
-        self.log("grad_norm", norm)
         if self.history and self.history[-1]["step"] == self.global_step:
             self.history[-1]["grad_norm"] = norm.item()
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        record = self.history[-1]
+        metrics = {LOGGED_AS.get(k, k): float(record[k]) for k in STEP_SCALARS if k in record}
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=int(record["step"]))
 
     @override
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

@@ -2,6 +2,8 @@
 
 The benchmark's baseline and a cross-check: with the same configs, seeds and thread
 count, the Lightning run and this loop produce bit-identical weights (a test says so).
+It can branch the seed's way too: keep an in-memory snapshot at one step and resume
+from it (``lit_spikes.snapshot`` copies, so the snapshot survives every resume).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig, TinyGPT, build_model
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, grad_norm, seed_rngs
+from lit_spikes.snapshot import Snapshot, restore_snapshot, take_snapshot
 
 
 @dataclass
@@ -20,6 +23,7 @@ class PlainResult:
     model: TinyGPT
     optimizer: torch.optim.AdamW
     history: list[dict[str, float]] = field(default_factory=list)
+    snapshot: Snapshot | None = None
 
 
 def train_plain(
@@ -31,17 +35,27 @@ def train_plain(
     train_seed: int = 0,
     num_threads: int = 1,
     record: bool = True,
+    resume: Snapshot | None = None,
+    snapshot_at: int | None = None,
 ) -> PlainResult:
-    """Train ``steps`` steps from scratch, exactly as ``TinyGPTModule`` does under a Trainer
-    without clipping. ``record=False`` skips the per-step bookkeeping (for timing)."""
+    """Train to global step ``steps`` exactly as ``TinyGPTModule`` does under a Trainer
+    without clipping: from scratch, or from ``resume``. ``snapshot_at`` keeps a snapshot
+    of that step; ``record=False`` skips the per-step bookkeeping (for timing)."""
     torch.set_num_threads(num_threads)
     model = build_model(model_config, model_seed)
     optimizer, scheduler = optim_config.build(model.parameters())
-    batches = iter(StepDataModule(data_config).stream(0))
-    seed_rngs(train_seed)
+    start = 0
+    if resume is not None:
+        restore_snapshot(resume, model, optimizer)
+        start = resume.step
+        for _ in range(start):  # the schedule is a function of the step: replay it
+            scheduler.step()
+    batches = iter(StepDataModule(data_config).stream(start))
+    if resume is None:
+        seed_rngs(train_seed)
     result = PlainResult(model, optimizer)
     model.train()
-    for step in range(steps):
+    for step in range(start, steps):
         batch = next(batches)
         out = model(batch["x"], batch["y"])
         assert out.loss is not None
@@ -60,4 +74,6 @@ def train_plain(
             )
         optimizer.step()
         scheduler.step()
+        if snapshot_at is not None and step + 1 == snapshot_at:
+            result.snapshot = take_snapshot(model, optimizer, snapshot_at)
     return result
