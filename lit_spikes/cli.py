@@ -22,7 +22,7 @@ from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",
     "devices": 1,
-    "max_steps": 400,
+    "max_steps": 400,  # -1 ends the run where the schedule (--model.optim.max_steps) ends
     "log_every_n_steps": 1,
     "val_check_interval": 100,
     "check_val_every_n_epoch": None,
@@ -43,7 +43,6 @@ class LitSpikesCLI(LightningCLI):
             help="Write <trainer.default_root_dir>/checkpoints/step=<k>.ckpt every N steps, "
             "keeping all of them (0: no checkpoints).",
         )
-        parser.link_arguments("model.optim.max_steps", "trainer.max_steps")
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -51,6 +50,10 @@ class LitSpikesCLI(LightningCLI):
         every = config["checkpoint_every"]
         if every < 0:
             self.parser.error(f"--checkpoint_every={every} must be >= 0 (0 turns checkpoints off)")
+        steps = config["trainer"]["max_steps"]
+        if steps is None or steps < 1:
+            # The run ends where its schedule ends unless told to stop earlier (or later).
+            config["trainer"]["max_steps"] = config["model"]["optim"].max_steps
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

@@ -1,0 +1,60 @@
+"""`lit-spikes` (LightningCLI): options, defaults and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from lit_spikes.cli import main
+
+
+def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--checkpoint_every",
+        "--model.gpt.n_layer",
+        "--model.optim.peak_lr",
+        "--data.config.seed",
+        "--trainer.max_steps",
+        "--ckpt_path",
+        "--config",
+    ):
+        assert option in out, option
+
+
+def test_defaults_reproduce_the_seed_setup() -> None:
+    from lit_spikes.cli import TRAINER_DEFAULTS, LitSpikesCLI
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.module import TinyGPTModule
+
+    parsed = LitSpikesCLI(
+        TinyGPTModule,
+        StepDataModule,
+        trainer_defaults=TRAINER_DEFAULTS,
+        run=False,
+        seed_everything_default=False,
+        auto_configure_optimizers=False,
+        load_from_checkpoint_support=False,
+        args=[],
+    )
+    module, data, trainer = parsed.model, parsed.datamodule, parsed.trainer
+    assert (module.model_config.n_layer, module.model_config.d_model) == (4, 64)
+    assert not module.model_config.qk_norm
+    assert module.optim_config.peak_lr == 0.1 and module.optim_config.max_steps == 400
+    assert data.config.batch_size == 16 and trainer.max_steps == 400
+
+
+def test_negative_checkpoint_every_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--checkpoint_every", "-5"])
+    assert exit_info.value.code != 0
+    assert "--checkpoint_every=-5 must be >= 0" in capsys.readouterr().err
+
+
+def test_trainer_can_stop_before_the_schedule_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit", "--trainer.max_steps", "100", "--print_config"])
+    out = capsys.readouterr().out
+    assert "max_steps: 100" in out and "max_steps: 400" in out  # the trainer's, the schedule's

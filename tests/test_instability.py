@@ -1,0 +1,43 @@
+"""The seed's instability, reproduced at the defaults (slow: two full-size runs)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from callbacks import LRScaler
+from lit_spikes.branches import run_branch
+from lit_spikes.demos import DemoSetup
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_run_spikes_after_warmup_and_halving_the_lr_is_better(tmp_path: Path) -> None:
+    setup = DemoSetup(log_root=tmp_path)
+    reference = run_branch(setup.reference(callbacks=[]), tmp_path, progress_bar=False)
+    losses = reference.losses()
+    logits = {int(r["step"]): r["max_logit"] for r in reference.history}
+    # A post-warm-up spike: within 3 steps the loss rises >= 40% above its last-10 mean.
+    spikes = [
+        s
+        for s in range(110, setup.steps)
+        if max(losses[s + i] for i in range(3) if s + i in losses)
+        >= 1.4 * statistics.fmean(losses[t] for t in range(s - 10, s))
+    ]
+    assert spikes, "no post-warm-up spike at the defaults"
+    onset = spikes[0]
+    assert 100 < onset < 200
+    assert 100 <= max(logits[s] for s in range(onset - 5, onset + 5)) < 1000  # in the hundreds
+    halved = run_branch(
+        setup.branch(
+            "halved",
+            "halve the LR",
+            ckpt_path=setup.checkpoint(100),
+            callbacks=[LRScaler(0.5, start_step=100)],
+        ),
+        tmp_path,
+        progress_bar=False,
+    )
+    assert halved.val_bpc < reference.val_bpc - 0.2
