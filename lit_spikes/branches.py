@@ -11,8 +11,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 import warnings
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -21,7 +22,14 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from typing_extensions import override
 
 from lit_spikes.data import DataConfig, StepDataModule
@@ -84,16 +92,32 @@ class BranchResult:
         return next(r[key] for r in self.history if r["step"] == step)
 
 
-class _ProgressReporter(Callback):
-    """Sends (branch, global step) to the parent's progress display."""
+class _Reporter(Callback):
+    """Tells the parent process how a branch is doing: ``("progress", name, step)`` every
+    few steps, ``("checkpoint", name, step)`` once ``step=<k>.ckpt`` is on disk, and
+    ``("spike", name, record)`` for each spike a detector among the callbacks flags."""
 
-    def __init__(self, name: str, queue: Any, every: int = 5) -> None:
+    def __init__(self, name: str, queue: Any, checkpoint_every: int | None, every: int = 5):
         self.name, self.queue, self.every = name, queue, every
+        self.checkpoint_every = checkpoint_every
+        self._spikes_sent = 0
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # ModelCheckpoint saved at the end of the previous batch: the file is complete now.
+        step = trainer.global_step
+        if self.checkpoint_every and step and step % self.checkpoint_every == 0:
+            self.queue.put(("checkpoint", self.name, step))
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step % self.every == 0 or trainer.global_step == trainer.max_steps:
-            self.queue.put((self.name, trainer.global_step))
+        step = trainer.global_step
+        if step % self.every == 0 or step == trainer.max_steps:
+            self.queue.put(("progress", self.name, step))
+        spikes = [s for cb in trainer.callbacks for s in getattr(cb, "spikes", [])]
+        for spike in spikes[self._spikes_sent :]:
+            self.queue.put(("spike", self.name, dict(spike)))
+        self._spikes_sent = len(spikes)
 
 
 def run_branch(
@@ -105,7 +129,7 @@ def run_branch(
     datamodule = StepDataModule(branch.data)
     callbacks = list(branch.callbacks)
     if progress_queue is not None:
-        callbacks.append(_ProgressReporter(branch.name, progress_queue))
+        callbacks.append(_Reporter(branch.name, progress_queue, branch.checkpoint_every))
     spec = RunSpec(
         log_root=log_root,
         name=branch.name,
@@ -140,46 +164,87 @@ def _worker(branch: Branch, log_root: Path, queue: Any) -> BranchResult:
     return run_branch(branch, log_root, queue)
 
 
+class BranchRunner:
+    """Runs branches in ``workers`` spawned processes (one CPU thread each) under one
+    overall progress display, and passes on what the branches report while they run, so
+    a caller can start new branches as soon as a checkpoint or a spike they need exists.
+
+    Example:
+        >>> with BranchRunner(Path("runs"), workers=2) as runner:
+        ...     runner.submit(reference)
+        ...     for kind, name, payload in runner.events():
+        ...         if kind == "checkpoint" and payload == 100:
+        ...             runner.submit(branch_from_step_100)
+        >>> runner.results["demo1/reference"]
+    """
+
+    def __init__(self, log_root: Path, workers: int = 2) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers} must be >= 1")
+        self.log_root, self.workers = log_root, workers
+        self.results: dict[str, BranchResult] = {}
+        self._stack = ExitStack()
+        self._futures: dict[Future[BranchResult], str] = {}
+        self._tasks: dict[str, tuple[TaskID, int]] = {}
+
+    def __enter__(self) -> BranchRunner:
+        context = mp.get_context("spawn")
+        self._manager = self._stack.enter_context(context.Manager())
+        self._queue = self._manager.Queue()
+        columns = (
+            TextColumn("{task.description:<30}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        self._progress = self._stack.enter_context(Progress(*columns))
+        self._pool = self._stack.enter_context(
+            ProcessPoolExecutor(self.workers, mp_context=context)
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(*exc)
+
+    def submit(self, branch: Branch) -> None:
+        first = _ckpt_step(branch.ckpt_path)
+        task = self._progress.add_task(branch.name, total=branch.max_steps - first)
+        self._tasks[branch.name] = (task, first)
+        self._futures[self._pool.submit(_worker, branch, self.log_root, self._queue)] = branch.name
+
+    def events(self) -> Iterator[tuple[str, str, Any]]:
+        """Yields ``(kind, branch, payload)`` reports until every submitted branch is done
+        (including branches submitted while iterating); results land in ``results``."""
+        while self._futures:
+            try:
+                kind, name, payload = self._queue.get(timeout=0.2)
+            except Empty:
+                pass
+            else:
+                if kind == "progress":
+                    task, first = self._tasks[name]
+                    self._progress.update(task, completed=payload - first)
+                yield kind, name, payload
+            for future in [f for f in self._futures if f.done()]:
+                name = self._futures.pop(future)
+                self.results[name] = future.result()  # re-raises a branch's error here
+                task, _ = self._tasks[name]
+                self._progress.update(task, completed=self._progress.tasks[task].total)
+                yield "done", name, self.results[name]
+
+
 def run_branches(
     branches: Sequence[Branch], log_root: Path, workers: int = 2
 ) -> dict[str, BranchResult]:
     """Run independent branches, ``workers`` at a time, each in its own process."""
-    if workers < 1:
-        raise ValueError(f"workers={workers} must be >= 1")
     if workers == 1:
         return {b.name: run_branch(b, log_root) for b in branches}
-    context = mp.get_context("spawn")
-    manager = context.Manager()
-    queue = manager.Queue()
-    results: dict[str, BranchResult] = {}
-    columns = (
-        TextColumn("{task.description:<24}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns) as progress, ProcessPoolExecutor(workers, mp_context=context) as pool:
-        tasks = {}
-        for b in branches:
-            first = _ckpt_step(b.ckpt_path)
-            tasks[b.name] = (progress.add_task(b.name, total=b.max_steps - first), first)
-        futures = {pool.submit(_worker, b, log_root, queue): b.name for b in branches}
-        pending = set(futures)
-        while pending:
-            try:
-                name, step = queue.get(timeout=0.2)
-                task, first = tasks[name]
-                progress.update(task, completed=step - first)
-            except Empty:
-                pass
-            for future in [f for f in pending if f.done()]:
-                pending.discard(future)
-                result = future.result()
-                results[result.name] = result
-                task, first = tasks[result.name]
-                progress.update(task, completed=progress.tasks[task].total)
-    manager.shutdown()
-    return {b.name: results[b.name] for b in branches}
+    with BranchRunner(log_root, workers) as runner:
+        for branch in branches:
+            runner.submit(branch)
+        for _ in runner.events():
+            pass
+    return {b.name: runner.results[b.name] for b in branches}
 
 
 def _ckpt_step(path: Path | None) -> int:

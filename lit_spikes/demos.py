@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -234,9 +235,13 @@ class SpikePlan:
     """Data positions of the window that ends where the spike starts."""
     skip_straddle: tuple[int, int]
     """Data positions of the window that straddles the spike's start."""
+    spike_value: float = float("nan")
+    """The loss at the onset."""
+    spike_reference: float = float("nan")
+    """The detector's reference (rolling mean) the onset was compared with."""
 
 
-def plan_remedies(setup: DemoSetup, spikes: list[dict[str, object]]) -> SpikePlan:
+def plan_remedies(setup: DemoSetup, spikes: list[dict[str, Any]]) -> SpikePlan:
     """Derive demo 2's checkpoint and skip windows from the spikes the detector found.
 
     Raises:
@@ -244,14 +249,18 @@ def plan_remedies(setup: DemoSetup, spikes: list[dict[str, object]]) -> SpikePla
     """
     from callbacks.rollback import RollbackRestore
 
-    onsets = sorted(int(s["step"]) for s in spikes)  # type: ignore[call-overload]
-    after = [s for s in onsets if s >= setup.optim.warmup_steps]
+    after = sorted(
+        (s for s in spikes if int(s["step"]) >= setup.optim.warmup_steps),
+        key=lambda s: int(s["step"]),
+    )
     if not after:
         raise RuntimeError(
             "the reference run had no loss spike after warm-up, so demo 2 has nothing to "
-            f"remedy (spikes: {onsets}); the numerics moved: try other seeds"
+            f"remedy (spike steps: {[s['step'] for s in spikes]}); the numerics moved: try "
+            "other seeds"
         )
-    onset, window, distance = after[0], setup.skip_window, setup.rollback_distance
+    first = after[0]
+    onset, window, distance = int(first["step"]), setup.skip_window, setup.rollback_distance
     rollback = RollbackRestore(
         setup.checkpoint(0).parent, spike_step=onset, distance=min(distance, onset)
     )
@@ -260,7 +269,13 @@ def plan_remedies(setup: DemoSetup, spikes: list[dict[str, object]]) -> SpikePla
     before = (max(k, onset - window), onset)
     straddle_start = max(k, onset - window // 3)
     return SpikePlan(
-        onset, k, rollback.ckpt_path, before, (straddle_start, straddle_start + window)
+        onset,
+        k,
+        rollback.ckpt_path,
+        before,
+        (straddle_start, straddle_start + window),
+        float(first["value"]),
+        float(first["reference"]),
     )
 
 
@@ -340,9 +355,11 @@ def demo2_report(
     ref, skip_a, skip_b, half, clip = rows
     best = min(rows[1:], key=lambda r: r.val_bpc)
     obs = [
-        f"The detector flagged the reference's spike at step {plan.onset} "
-        f"(loss {reference.at(plan.onset):.3f}); every remedy resumes from the real checkpoint "
-        f"of step {k} and runs to step {setup.steps}.",
+        f"The detector flagged the reference's spike at step {plan.onset}: loss "
+        f"{plan.spike_value:.3f}, {plan.spike_value / plan.spike_reference:.2f}x the mean of "
+        f"the steps before ({plan.spike_reference:.3f}), largest attention logit around it "
+        f"{reference.window(plan.onset - 5, plan.onset + 5, 'max_logit'):.0f}. Every remedy "
+        f"resumes from the real checkpoint of step {k} and runs to step {setup.steps}.",
         f"Best remedy by validation: {best.label} ({best.val_bpc:.3f} bits/char against "
         f"{ref.val_bpc:.3f} for doing nothing).",
     ]

@@ -14,10 +14,11 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from lit_spikes.branches import BranchResult, run_branch, run_branches
+from lit_spikes.branches import BranchResult, BranchRunner
 from lit_spikes.demos import (
     REFERENCE,
     Demo1Report,
@@ -25,6 +26,7 @@ from lit_spikes.demos import (
     DemoSetup,
     LedgerRow,
     PalmCost,
+    SpikePlan,
     demo1_branches,
     demo1_report,
     demo2_branches,
@@ -90,29 +92,46 @@ def read_ledger(log_root: Path) -> list[LedgerRow] | None:
 def run_main_job(
     setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3), console: Console | None = None
 ) -> MainJobResult:
-    """Run the reference and the branches the chosen demos need, then print their tables."""
+    """Run the reference and the branches the chosen demos need, then print their tables.
+
+    The reference trains in a worker process too. Each branch starts as soon as what it
+    needs exists: demo 1's once ``step=<ckpt_step>.ckpt`` is written, demo 2's once the
+    detector flagged the spike (its checkpoint, ``rollback_distance`` steps earlier, is
+    written by then). Both cores work from the first seconds on.
+    """
     unknown = sorted(set(demos) - {1, 2, 3})
     if unknown or not demos:
         raise ValueError(f"demos={demos!r}: choose from 1, 2, 3")
     console = console or wide_console()
     start = time.perf_counter()
     clear_previous(setup)
+    need_plan = 2 in demos or 3 in demos
     console.rule(
-        f"Reference run: {setup.steps} steps from scratch, checkpoint every "
-        f"{setup.checkpoint_every} steps"
+        f"Reference run ({setup.steps} steps, checkpoint every {setup.checkpoint_every}) "
+        f"and its branches, {setup.workers} processes"
     )
-    reference = run_branch(setup.reference(), setup.log_root)
+    plan: SpikePlan | None = None
+    spikes: list[dict[str, Any]] = []
+    waiting_for_demo1 = 1 in demos
+    with BranchRunner(setup.log_root, setup.workers) as runner:
+        runner.submit(setup.reference())
+        for kind, _, payload in runner.events():
+            if kind == "checkpoint" and waiting_for_demo1 and payload == setup.ckpt_step:
+                waiting_for_demo1 = False
+                for branch in demo1_branches(setup):
+                    runner.submit(branch)
+            elif kind == "spike":
+                spikes.append(payload)
+                if need_plan and plan is None and payload["step"] >= setup.optim.warmup_steps:
+                    plan = plan_remedies(setup, spikes)
+                    for branch in demo2_branches(setup, plan):
+                        runner.submit(branch)
+            elif kind == "done" and need_plan and plan is None:
+                # The reference ended without a spike after warm-up: a clear error.
+                plan_remedies(setup, spikes)
+    results = runner.results
+    reference = results[REFERENCE]
     mirror_reference_logs(setup)
-    branches = demo1_branches(setup) if 1 in demos else []
-    plan = None
-    if 2 in demos or 3 in demos:
-        spikes = reference.callback_states.get("SpikeDetector", {}).get("spikes", [])
-        plan = plan_remedies(setup, spikes)
-        branches += demo2_branches(setup, plan)
-    console.rule(
-        f"{len(branches)} branches from the reference's checkpoints, {setup.workers} at a time"
-    )
-    results = run_branches(branches, setup.log_root, workers=setup.workers)
     demo1 = demo2 = ledger = None
     if 1 in demos:
         demo1 = demo1_report(setup, reference, results)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import tempfile
@@ -116,6 +117,16 @@ def seed_way_serial(setup: DemoSetup, branch_count: int) -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per timed run")
@@ -128,7 +139,7 @@ def main() -> None:
     console = Console()
     torch.set_num_threads(1)
     console.print(
-        f"Machine: {platform.processor() or platform.machine()}, "
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
         f"lightning {pl.__version__}"
     )
