@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.checkpoints import CheckpointError, checkpoint_files, load_checkpoint
+from lit_spikes.checkpoints import newest_valid_checkpoint
 
 
 class RollbackRestore(Callback):
@@ -18,8 +17,9 @@ class RollbackRestore(Callback):
     and resumes training from it, with whatever remedy callbacks the caller adds.
 
     Files are tried newest first; one that does not load (empty, truncated, not a
-    checkpoint, weights only) is refused with a warning that names it and why, and the
-    previous one is tried. Attached to the Trainer, it checks at the start of training that the run
+    checkpoint, weights only) or that was written after a non-finite loss is refused with
+    a warning that names it and why, and the previous one is tried. Attached to the
+    Trainer, it checks at the start of training that the run
     really started from the chosen file, and records the rollback in its state
     (``spike_step``, ``distance``, ``ckpt_step``) so it is in every later checkpoint.
 
@@ -51,29 +51,17 @@ class RollbackRestore(Callback):
         self._chosen: tuple[int, Path] | None = None
 
     def _choose(self) -> tuple[int, Path]:
-        if self._chosen is not None:
-            return self._chosen
-        latest = self.spike_step - self.distance
-        candidates = [(s, p) for s, p in checkpoint_files(self.dirpath) if s <= latest]
-        for step, path in reversed(candidates):
+        if self._chosen is None:
+            latest = self.spike_step - self.distance
             try:
-                checkpoint = load_checkpoint(path)
-            except CheckpointError as error:
-                self.refused.append(str(error))
-                warnings.warn(f"RollbackRestore: {error}; trying the previous one", stacklevel=2)
-                continue
-            if int(checkpoint["global_step"]) != step:
-                reason = f"its name says step {step} but it holds step {checkpoint['global_step']}"
-                self.refused.append(f"checkpoint {path}: {reason}")
-                warnings.warn(f"RollbackRestore: checkpoint {path}: {reason}", stacklevel=2)
-                continue
+                step, path, self.refused = newest_valid_checkpoint(self.dirpath, latest)
+            except FileNotFoundError as error:
+                raise FileNotFoundError(
+                    f"RollbackRestore(spike_step={self.spike_step}, distance={self.distance}): "
+                    f"{error}"
+                ) from None
             self._chosen = (step, path)
-            return self._chosen
-        raise FileNotFoundError(
-            f"no valid checkpoint at or before step {latest} (spike_step={self.spike_step} - "
-            f"distance={self.distance}) in {self.dirpath}"
-            + (f"; refused: {'; '.join(self.refused)}" if self.refused else "")
-        )
+        return self._chosen
 
     @property
     def ckpt_path(self) -> Path:

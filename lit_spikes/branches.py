@@ -139,6 +139,7 @@ def run_branch(
         callbacks=callbacks,
         progress_bar=progress_bar and progress_queue is None,
         trainer_kwargs=branch.trainer_kwargs,
+        resume_step=_ckpt_step(branch.ckpt_path) if branch.ckpt_path else None,
     )
     trainer = spec.trainer()
     with warnings.catch_warnings():

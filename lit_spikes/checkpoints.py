@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import CheckpointIO
+from typing_extensions import override
 
 STEP_PATTERN = re.compile(r"step=(\d+)")
 REQUIRED_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "loops")
@@ -69,3 +74,125 @@ def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
         if match:
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+TEMP_MARKER = ".tmp-"
+"""Part of the name of a checkpoint being written; never matches ``*.ckpt``."""
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` so that ``path`` holds either the old file or the whole new one.
+
+    The bytes go to a temporary file in the same directory (a rename across filesystems
+    is not atomic), are flushed and fsynced, then ``os.replace`` puts the file in place
+    and the directory is fsynced so the rename itself survives a power cut. A process
+    killed at any moment leaves at most a ``.<name>.tmp-<pid>`` file, which no glob for
+    ``*.ckpt`` matches and ``remove_leftovers`` deletes.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}")
+    try:
+        with open(temp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def remove_leftovers(directory: str | Path) -> list[Path]:
+    """Delete temporary files of interrupted saves in ``directory``; returns them."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = [p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARKER in p.name]
+    for leftover in removed:
+        leftover.unlink(missing_ok=True)
+    return removed
+
+
+class AtomicCheckpointIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` whose saves are atomic and durable (``atomic_torch_save``)
+    and whose loads use ``load_checkpoint``: ``weights_only=True`` always, and errors that
+    name the file and what is wrong with it.
+
+    Lightning's own ``_atomic_save`` is atomic only when its temporary file and the target
+    share a filesystem, and never fsyncs (Lightning issues #21253, #21800).
+
+    Example:
+        >>> trainer = pl.Trainer(plugins=[AtomicCheckpointIO()])
+    """
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"AtomicCheckpointIO.save_checkpoint got storage_options={storage_options!r}; "
+                "it writes local files and takes none"
+            )
+        atomic_torch_save(checkpoint, path)
+
+    @override
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if weights_only is False:
+            raise ValueError(
+                f"refusing to load {path} with weights_only=False: lit-spikes checkpoints hold "
+                "only plain data, and full unpickling runs whatever code a file carries"
+            )
+        return load_checkpoint(path)
+
+    @override
+    def remove_checkpoint(self, path: _PATH) -> None:
+        Path(path).unlink(missing_ok=True)
+
+
+def newest_valid_checkpoint(
+    directory: str | Path, max_step: int | None = None
+) -> tuple[int, Path, list[str]]:
+    """The newest ``step=<k>.ckpt`` in ``directory`` (with ``k <= max_step``) that loads and
+    holds the step its name says, after refusing broken ones with a warning each.
+
+    Returns:
+        ``(step, path, refused)``: ``refused`` says why each newer file was passed over.
+
+    Raises:
+        FileNotFoundError: no such directory, or no valid checkpoint in it.
+    """
+    refused: list[str] = []
+    candidates = [
+        (s, p) for s, p in checkpoint_files(directory) if max_step is None or s <= max_step
+    ]
+    for step, path in reversed(candidates):
+        try:
+            checkpoint = load_checkpoint(path)
+            if int(checkpoint["global_step"]) != step:
+                raise CheckpointError(
+                    path, f"its name says step {step} but it holds step {checkpoint['global_step']}"
+                )
+            nonfinite = checkpoint.get("lit_spikes", {}).get("nonfinite_steps", [])
+            if nonfinite:
+                raise CheckpointError(
+                    path, f"written after a non-finite loss or gradient at step(s) {nonfinite}"
+                )
+        except CheckpointError as error:
+            refused.append(str(error))
+            warnings.warn(f"{error}; trying the previous checkpoint", stacklevel=2)
+            continue
+        return step, path, refused
+    limit = "" if max_step is None else f" at or before step {max_step}"
+    raise FileNotFoundError(
+        f"no valid checkpoint{limit} in {directory}"
+        + (f"; refused: {'; '.join(refused)}" if refused else "")
+    )

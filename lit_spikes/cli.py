@@ -9,12 +9,20 @@ The defaults reproduce the seed's setup (4 layers, peak LR 0.1, batch 16, 400 st
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
+from lit_spikes.checkpoints import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    load_checkpoint,
+    newest_valid_checkpoint,
+    remove_leftovers,
+)
 from lit_spikes.data import StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
@@ -22,7 +30,7 @@ from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",
     "devices": 1,
-    "max_steps": 400,  # -1 ends the run where the schedule (--model.optim.max_steps) ends
+    "max_steps": -1,  # -1: end where the schedule (--model.optim.max_steps) ends
     "log_every_n_steps": 1,
     "val_check_interval": 100,
     "check_val_every_n_epoch": None,
@@ -56,18 +64,47 @@ class LitSpikesCLI(LightningCLI):
             config["trainer"]["max_steps"] = config["model"]["optim"].max_steps
 
     @override
+    def _parse_ckpt_path(self) -> None:
+        # Before LightningCLI reads the checkpoint's hyperparameters with a bare
+        # torch.load: resolve "latest", and turn a broken file into a clear error.
+        config = self.config.get(self.config.get("subcommand") or "", None)
+        path = config.get("ckpt_path") if config is not None else None
+        if path == "latest":
+            directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
+            try:
+                _, found, _ = newest_valid_checkpoint(directory)
+            except FileNotFoundError as error:
+                self.parser.error(f"--ckpt_path latest: {error}")
+            config["ckpt_path"] = path = str(found)
+        if path:
+            try:
+                self._resume_step = int(load_checkpoint(path)["global_step"])
+            except CheckpointError as error:
+                self.parser.error(f"--ckpt_path: {error}")
+        super()._parse_ckpt_path()
+
+    @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = config["trainer"]["default_root_dir"]
-        extra: dict[str, Any] = {}
-        if config["trainer"].get("logger") in (None, True):
-            extra["logger"] = TensorBoardLogger(save_dir=root, name="", version="")
-        trainer = super().instantiate_trainer(**extra, **kwargs)
         every = config["checkpoint_every"]
+        callbacks = [
+            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
+        ]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         if every:
             dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
-            trainer.callbacks.append(step_checkpoint(dirpath, every))
-        return trainer
+            remove_leftovers(dirpath)
+            callbacks.append(step_checkpoint(dirpath, every))
+        else:
+            trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
+        if trainer_config.get("logger") in (None, True):
+            trainer_config["logger"] = TensorBoardLogger(
+                save_dir=root, name="", version="", purge_step=getattr(self, "_resume_step", None)
+            )
+        if not trainer_config.get("plugins"):
+            trainer_config["plugins"] = [AtomicCheckpointIO()]
+        return self._instantiate_trainer(trainer_config, callbacks)
 
 
 def main(args: list[str] | None = None) -> LitSpikesCLI:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,7 @@ class StepBatches(IterableDataset[Batch]):
         tokens: torch.Tensor,
         config: DataConfig,
         skip: tuple[int, ...],
-        start_step: int,
+        start_step: int | Callable[[], int],
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
@@ -149,7 +149,9 @@ class StepBatches(IterableDataset[Batch]):
         }
 
     def __iter__(self) -> Iterator[Batch]:
-        step = self.start_step
+        # A callable start is read at each new iterator: Lightning re-iterates the same
+        # loader when an epoch ends (limit_train_batches), and must go on from its step.
+        step = self.start_step() if callable(self.start_step) else self.start_step
         while True:
             yield self.batch_of_step(step)
             step += 1
@@ -220,16 +222,19 @@ class StepDataModule(pl.LightningDataModule):
         assert self._train_tokens is not None
         return self._train_tokens
 
-    def stream(self, start_step: int = 0, rank: int = 0, world_size: int = 1) -> StepBatches:
+    def stream(
+        self, start_step: int | Callable[[], int] = 0, rank: int = 0, world_size: int = 1
+    ) -> StepBatches:
         """The batches from ``start_step`` on, outside of any Trainer (plain loops, tests)."""
         return StepBatches(self.train_tokens, self.config, self.skip, start_step, rank, world_size)
 
     @override
     def train_dataloader(self) -> DataLoader[Batch]:
         trainer = self.trainer
-        start = trainer.global_step if trainer is not None else 0
-        rank = trainer.global_rank if trainer is not None else 0
-        world_size = trainer.world_size if trainer is not None else 1
+        if trainer is None:
+            raise RuntimeError("train_dataloader() needs a Trainer; use stream(step) outside one")
+        start = lambda: trainer.global_step  # noqa: E731 (read when iteration (re)starts)
+        rank, world_size = trainer.global_rank, trainer.world_size
         # batch_size=None: the dataset yields whole batches. The loader gets its own
         # generator so that creating its iterator never draws from the global torch RNG,
         # whose state belongs to the model (dropout) and is restored from the checkpoint.

@@ -185,7 +185,8 @@ class TinyGPTModule(pl.LightningModule):
         self.val_bpc = BitsPerChar()
         self.history: list[dict[str, float]] = []
         self._pending_rng: dict[str, Any] | None = None
-        self._grad_norm = torch.tensor(float("nan"))
+        self.nonfinite_steps: list[int] = []
+        """Steps whose loss or gradient was NaN/inf: their update was not applied."""
 
     @override
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
@@ -219,7 +220,22 @@ class TinyGPTModule(pl.LightningModule):
         out = self.model(batch["x"], batch["y"])
         assert out.loss is not None
         self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
+        if not torch.isfinite(out.loss):
+            # Returning None makes Lightning skip backward and leave every gradient None,
+            # so AdamW changes nothing (no decay, no moments); the step counter and the
+            # schedule go on, as for any step.
+            self._skip_update("loss")
+            return None  # type: ignore[return-value]
         return out.loss
+
+    def _skip_update(self, what: str) -> None:
+        self.nonfinite_steps.append(self.global_step)
+        self.history[-1]["skipped"] = 1.0
+        warnings.warn(
+            f"non-finite {what} at step {self.global_step}: its update is skipped, and no "
+            "checkpoint written after it will be chosen as a rollback target",
+            stacklevel=2,
+        )
 
     def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: int) -> None:
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
@@ -242,6 +258,12 @@ class TinyGPTModule(pl.LightningModule):
         norm = grad_norm(self.parameters())  # before the Trainer clips
         if self.history and self.history[-1]["step"] == self.global_step:
             self.history[-1]["grad_norm"] = norm.item()
+        if not torch.isfinite(norm) and self.global_step not in self.nonfinite_steps:
+            # A finite loss with inf/NaN gradients: drop the gradients (zeroing them would
+            # still let weight decay and momentum move the weights).
+            for parameter in self.parameters():
+                parameter.grad = None
+            self._skip_update("gradient norm")
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -281,6 +303,7 @@ class TinyGPTModule(pl.LightningModule):
         checkpoint[CHECKPOINT_KEY] = {
             "rng": collect_rng_states(),
             "fingerprint": self.fingerprint(),
+            "nonfinite_steps": list(self.nonfinite_steps),
         }
 
     @override
@@ -293,6 +316,15 @@ class TinyGPTModule(pl.LightningModule):
             )
         saved = entry["fingerprint"]
         check_model_config(saved["model"], asdict(self.model_config))
+        check_state_shapes(checkpoint["state_dict"], self.state_dict())
+        for key, label in (("optimizer_states", "optimizers"), ("lr_schedulers", "schedulers")):
+            count = len(checkpoint.get(key, []))
+            if count != 1:
+                raise ValueError(
+                    f"the checkpoint holds {count} {label}, TinyGPTModule configures 1: it was "
+                    "written by another training setup and cannot be resumed here"
+                )
+        self.nonfinite_steps = list(entry.get("nonfinite_steps", []))
         here = self.fingerprint()
         here["num_threads"] = self.num_threads  # setup() applies it before training
         differ = [
@@ -323,6 +355,19 @@ def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
             + "; ".join(differ)
             + "): build the module with the checkpoint's config to resume it"
         )
+
+
+def check_state_shapes(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor]) -> None:
+    """Raises ``ValueError`` listing missing, unexpected and reshaped tensors."""
+    problems = [f"missing {k}" for k in sorted(set(current) - set(saved))]
+    problems += [f"unexpected {k}" for k in sorted(set(saved) - set(current))]
+    problems += [
+        f"{k}: checkpoint {tuple(saved[k].shape)}, now {tuple(current[k].shape)}"
+        for k in sorted(set(saved) & set(current))
+        if saved[k].shape != current[k].shape
+    ]
+    if problems:
+        raise ValueError("the checkpoint's weights do not fit this model: " + "; ".join(problems))
 
 
 def _as(cls: type, value: Any) -> Any:

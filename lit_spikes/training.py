@@ -12,6 +12,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
+
 CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
 """ModelCheckpoint's name pattern: files are called ``step=<k>.ckpt``."""
@@ -57,6 +59,9 @@ class RunSpec:
     """Lightning's progress bar (off in worker processes, which report otherwise)."""
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)
     """Anything else for ``pl.Trainer`` (``gradient_clip_val``, ``devices``, ...)."""
+    resume_step: int | None = None
+    """Global step of the checkpoint this run resumes from: TensorBoard drops whatever an
+    earlier run logged into the same directory from that step on (``purge_step``)."""
 
     @property
     def run_dir(self) -> Path:
@@ -68,8 +73,13 @@ class RunSpec:
             callbacks.append(
                 step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
             )
+        remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)
         logger = TensorBoardLogger(
-            save_dir=str(self.log_root), name=self.name, version="", default_hp_metric=False
+            save_dir=str(self.log_root),
+            name=self.name,
+            version="",
+            default_hp_metric=False,
+            purge_step=self.resume_step,
         )
         kwargs: dict[str, Any] = {
             "accelerator": "cpu",
@@ -85,6 +95,7 @@ class RunSpec:
             "default_root_dir": str(self.run_dir),
             "logger": logger,
             "callbacks": callbacks,
+            "plugins": [AtomicCheckpointIO()],
         }
         kwargs.update(self.trainer_kwargs)
         return pl.Trainer(**kwargs)

@@ -68,6 +68,7 @@ def fit(
         callbacks=list(callbacks),
         progress_bar=False,
         trainer_kwargs=trainer_kwargs,
+        resume_step=load_ckpt(ckpt_path)["global_step"] if ckpt_path else None,
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
