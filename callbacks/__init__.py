@@ -3,7 +3,16 @@ and roll back to a real checkpoint."""
 
 from callbacks.batch_skipper import BatchSkipper
 from callbacks.lr_scaler import LRScaler
+from callbacks.preemption import PreemptionCheckpoint
+from callbacks.retention import CheckpointRetention
 from callbacks.rollback import RollbackRestore
 from callbacks.spike_detector import SpikeDetector
 
-__all__ = ["BatchSkipper", "LRScaler", "RollbackRestore", "SpikeDetector"]
+__all__ = [
+    "BatchSkipper",
+    "CheckpointRetention",
+    "LRScaler",
+    "PreemptionCheckpoint",
+    "RollbackRestore",
+    "SpikeDetector",
+]

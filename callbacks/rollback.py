@@ -46,6 +46,11 @@ class RollbackRestore(Callback):
             raise ValueError(f"spike_step={spike_step} must be >= 0")
         if distance < 0:
             raise ValueError(f"distance={distance} must be >= 0")
+        if distance > spike_step:
+            raise ValueError(
+                f"distance={distance} reaches back past step 0 from spike_step={spike_step}: "
+                "the run has no history that long"
+            )
         self.dirpath, self.spike_step, self.distance = Path(dirpath), spike_step, distance
         self.refused: list[str] = []
         self._chosen: tuple[int, Path] | None = None

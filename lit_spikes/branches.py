@@ -32,6 +32,7 @@ from rich.progress import (
 )
 from typing_extensions import override
 
+from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
@@ -252,4 +253,4 @@ def _ckpt_step(path: Path | None) -> int:
     """The global step a branch starts at: that of its checkpoint, or 0."""
     if path is None:
         return 0
-    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+    return int(load_checkpoint(path)["global_step"])

@@ -6,7 +6,6 @@ import os
 import pickle
 import re
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +45,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             path, f"refused to unpickle non-tensor objects ({first_line})"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
-        reason = "truncated or corrupt" if zipfile.is_zipfile(path) else "not a torch checkpoint"
+    except Exception as error:  # torch raises anything from EOFError to IndexError here
+        with open(path, "rb") as handle:  # torch files are zip archives: PK\x03\x04
+            is_zip = handle.read(4) == b"PK\x03\x04"
+        reason = "truncated or corrupt" if is_zip else "not a torch checkpoint"
         raise CheckpointError(path, f"{reason} ({type(error).__name__}: {error})") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
+from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -59,9 +60,36 @@ class LitSpikesCLI(LightningCLI):
         if every < 0:
             self.parser.error(f"--checkpoint_every={every} must be >= 0 (0 turns checkpoints off)")
         steps = config["trainer"]["max_steps"]
-        if steps is None or steps < 1:
+        if steps is not None and (steps == 0 or steps < -1):
+            self.parser.error(
+                f"--trainer.max_steps={steps} must be positive, or -1 to end with the schedule"
+            )
+        if steps is None or steps == -1:
             # The run ends where its schedule ends unless told to stop earlier (or later).
-            config["trainer"]["max_steps"] = config["model"]["optim"].max_steps
+            config["trainer"]["max_steps"] = steps = config["model"]["optim"].max_steps
+        resume = getattr(self, "_resume_step", None)
+        if resume is not None and resume >= steps:
+            self.parser.error(
+                f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
+                "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
+            )
+        root = Path(config["trainer"]["default_root_dir"])
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            self.parser.error(
+                f"--trainer.default_root_dir={root} cannot be created ({error.strerror}): "
+                "choose a writable directory"
+            )
+
+    @override
+    def instantiate_classes(self) -> None:
+        # A config that parses but does not validate (a dataclass's or a callback's own
+        # check) is bad input too: report it as such, before anything runs or is written.
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as error:
+            self.parser.error(f"invalid configuration: {error}")
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -95,6 +123,7 @@ class LitSpikesCLI(LightningCLI):
         if every:
             dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
             remove_leftovers(dirpath)
+            callbacks.append(PreemptionCheckpoint(dirpath))
             callbacks.append(step_checkpoint(dirpath, every))
         else:
             trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
@@ -108,7 +137,9 @@ class LitSpikesCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> LitSpikesCLI:
-    return LitSpikesCLI(
+    """Run the CLI; a run stopped by SIGTERM/SIGINT exits with 128 + the signal number
+    (after writing its checkpoint), so a job scheduler sees it did not finish."""
+    cli = LitSpikesCLI(
         TinyGPTModule,
         StepDataModule,
         trainer_defaults=TRAINER_DEFAULTS,
@@ -118,6 +149,14 @@ def main(args: list[str] | None = None) -> LitSpikesCLI:
         save_config_kwargs={"overwrite": True},
         args=args,
     )
+    preempted = [
+        cb
+        for cb in getattr(cli.trainer, "callbacks", [])
+        if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
+    ]
+    if preempted and args is None:  # in-process callers (tests) get the CLI object back
+        raise SystemExit(128 + int(preempted[0].received or 0))
+    return cli
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class RunSpec:
     def trainer(self) -> pl.Trainer:
         callbacks = list(self.callbacks)
         if self.checkpoint_every is not None:
+            from callbacks.preemption import PreemptionCheckpoint
+
+            callbacks.append(PreemptionCheckpoint(self.run_dir / CHECKPOINT_DIRNAME))
             callbacks.append(
                 step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
             )

@@ -14,6 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lit_spikes.checkpoints import CheckpointError, load_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
@@ -68,13 +69,38 @@ def fit(
         callbacks=list(callbacks),
         progress_bar=False,
         trainer_kwargs=trainer_kwargs,
-        resume_step=load_ckpt(ckpt_path)["global_step"] if ckpt_path else None,
+        resume_step=_resume_step(ckpt_path),
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return Run(module, datamodule, spec, trainer)
+
+
+def _resume_step(ckpt_path: str | Path | None) -> int | None:
+    """The step to purge TensorBoard from; None for a file the Trainer itself must reject."""
+    try:
+        return int(load_checkpoint(ckpt_path)["global_step"]) if ckpt_path else None
+    except CheckpointError:
+        return None
+
+
+class NaNLossModule(TinyGPTModule):
+    """TinyGPTModule whose loss at global step ``nan_step`` is NaN (a planted fault)."""
+
+    def __init__(self, *args: Any, nan_step: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_step = nan_step
+        forward = self.model.forward
+
+        def poisoned(idx: torch.Tensor, targets: torch.Tensor | None = None) -> Any:
+            out = forward(idx, targets)
+            if self.training and targets is not None and self.global_step == self.nan_step:
+                return out._replace(loss=out.loss * float("nan"))
+            return out
+
+        self.model.forward = poisoned  # type: ignore[method-assign]
 
 
 def load_ckpt(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Stop cleanly on SIGTERM or SIGINT: finish the step, write a checkpoint, exit."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+
+class PreemptionCheckpoint(Callback):
+    """On SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) during training, sets a
+    flag; at the next step boundary it writes ``<dirpath>/step=<k>.ckpt`` through the
+    Trainer's CheckpointIO and stops the Trainer cleanly. An interruption then costs
+    nothing: resuming from that file continues bit-exactly.
+
+    Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
+    training runs, and the previous handlers come back at the end.
+
+    Args:
+        dirpath: directory for the checkpoint (the run's ``checkpoints`` directory).
+
+    Example:
+        >>> preemption = PreemptionCheckpoint("runs/x/checkpoints")
+        >>> trainer = pl.Trainer(callbacks=[preemption])
+        >>> trainer.fit(module, datamodule=dm)
+        >>> preemption.saved_path  # set when a signal stopped the run
+    """
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__()
+        self.dirpath = Path(dirpath)
+        self.received: int | None = None
+        self.saved_path: Path | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.received, self.saved_path = None, None
+        for signum in HANDLED:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.received is None or self.saved_path is not None:
+            return
+        path = self.dirpath / f"step={trainer.global_step}.ckpt"
+        trainer.save_checkpoint(path)
+        self.saved_path = path
+        trainer.should_stop = True
+        rank_zero_info(
+            f"\nReceived {signal.Signals(self.received).name}: stopped after step "
+            f"{trainer.global_step}, checkpoint written to {path}. Resume with "
+            f"--ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
+        )
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()

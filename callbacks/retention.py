@@ -1,0 +1,79 @@
+"""Prune old step checkpoints without ever deleting one a rollback or resume needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+from lit_spikes.checkpoints import checkpoint_files
+
+
+class CheckpointRetention(Callback):
+    """Deletes old ``step=<k>.ckpt`` files in ``dirpath``, keeping:
+
+    - the newest ``keep_last`` files;
+    - every file within ``rollback_distance`` steps behind the current step, and the
+      newest one at least that far behind (the file a rollback for a spike now would use);
+    - the file this run was resumed from.
+
+    Pruning runs at the start of a step and at the end of training, so the checkpoint the
+    previous step wrote is complete (written atomically) before any older one goes.
+
+    Args:
+        dirpath: the run's checkpoint directory.
+        keep_last: newest files always kept, at least 1.
+        rollback_distance: steps behind the current one that a rollback may need.
+
+    Raises:
+        ValueError: ``keep_last < 1`` or a negative ``rollback_distance``.
+
+    Example:
+        >>> trainer = pl.Trainer(callbacks=[CheckpointRetention("runs/x/checkpoints", 3, 100)])
+    """
+
+    def __init__(self, dirpath: str | Path, keep_last: int = 3, rollback_distance: int = 100):
+        super().__init__()
+        if keep_last < 1:
+            raise ValueError(f"keep_last={keep_last} must be >= 1")
+        if rollback_distance < 0:
+            raise ValueError(f"rollback_distance={rollback_distance} must be >= 0")
+        self.dirpath, self.keep_last = Path(dirpath), keep_last
+        self.rollback_distance = rollback_distance
+        self.deleted: list[Path] = []
+
+    def keep(self, files: list[tuple[int, Path]], step: int, resumed: Path | None) -> set[Path]:
+        """The files to keep at global step ``step`` (``files`` sorted by step)."""
+        kept = {path for _, path in files[-self.keep_last :]}
+        horizon = step - self.rollback_distance
+        kept |= {path for s, path in files if s > horizon}
+        behind = [path for s, path in files if s <= horizon]
+        if behind:
+            kept.add(behind[-1])
+        if resumed is not None:
+            kept |= {path for _, path in files if path.resolve() == resumed.resolve()}
+        return kept
+
+    @rank_zero_only
+    def prune(self, trainer: pl.Trainer) -> None:
+        if not self.dirpath.is_dir():
+            return
+        files = checkpoint_files(self.dirpath)
+        resumed = Path(trainer.ckpt_path) if trainer.ckpt_path else None
+        kept = self.keep(files, trainer.global_step, resumed)
+        for _, path in files:
+            if path not in kept:
+                path.unlink(missing_ok=True)
+                self.deleted.append(path)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.prune(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.prune(trainer)

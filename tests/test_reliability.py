@@ -1,0 +1,418 @@
+"""What survives what: crashes while saving, broken files, mismatches, NaNs, preemption,
+pruning, malicious files, TensorBoard after resume, bad input."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from callbacks import CheckpointRetention, RollbackRestore, SpikeDetector
+from lit_spikes.checkpoints import CheckpointError, load_checkpoint, remove_leftovers
+from lit_spikes.cli import main as cli_main
+from lit_spikes.training import checkpoint_path
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, load_ckpt
+
+N, K, EVERY = 20, 10, 5
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------ 1. atomic saves
+
+SAVER = """
+import sys, torch
+from lit_spikes.checkpoints import atomic_torch_save
+target, version = sys.argv[1], 0
+template = torch.load(sys.argv[2], weights_only=True)
+while True:
+    version += 1
+    template["version"] = version
+    atomic_torch_save(template, target)
+    print(version, flush=True)
+"""
+
+
+def test_sigkill_while_saving_never_leaves_a_partial_checkpoint(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "ref", K, checkpoint_every=K)
+    template = checkpoint_path(reference.spec.run_dir, K)
+    target = tmp_path / "live" / "step=10.ckpt"
+    rng = random.Random(0)
+    seen = 0
+    for _ in range(12):
+        child = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(target), str(template)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert child.stdout is not None
+        child.stdout.readline()  # at least one complete save exists
+        time.sleep(rng.uniform(0.0, 0.15))  # then die anywhere, mid-save most likely
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        checkpoint = load_checkpoint(target)  # always the last complete version
+        assert checkpoint["version"] >= 1
+        seen = max(seen, checkpoint["version"])
+        assert [p.name for p in target.parent.glob("*.ckpt")] == ["step=10.ckpt"]
+        remove_leftovers(target.parent)
+        assert sorted(p.name for p in target.parent.iterdir()) == ["step=10.ckpt"]
+    assert seen > 1
+
+
+# ------------------------------------------------------------------ 2. broken files
+
+
+def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    reference = fit(tmp_path, "ref", K, checkpoint_every=K)
+    good = checkpoint_path(reference.spec.run_dir, K)
+    data = good.read_bytes()
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    (tmp_path / "notes.ckpt").write_text("these are my notes, not a checkpoint\n")
+    weights = load_ckpt(good)
+    torch.save({"state_dict": weights["state_dict"]}, tmp_path / "weights.ckpt")
+    return {
+        "missing": (tmp_path / "missing.ckpt", "no such file"),
+        "empty": (tmp_path / "empty.ckpt", "the file is empty"),
+        "truncated": (tmp_path / "truncated.ckpt", "truncated or corrupt"),
+        "not a checkpoint": (tmp_path / "notes.ckpt", "not a torch checkpoint"),
+        "weights only": (tmp_path / "weights.ckpt", "holds weights only"),
+    }
+
+
+def test_bad_checkpoints_give_errors_naming_the_file_and_the_fault(tmp_path: Path) -> None:
+    for path, reason in _broken_files(tmp_path).values():
+        with pytest.raises(CheckpointError, match=reason) as error:
+            fit(tmp_path, "resume", N, ckpt_path=path)
+        assert str(path) in str(error.value)
+        assert not (tmp_path / "resume" / "checkpoints").exists()
+
+
+def test_latest_resume_skips_invalid_files_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "cli"
+    args = [
+        "fit",
+        "--model.gpt.n_layer",
+        "2",
+        "--model.gpt.n_head",
+        "2",
+        "--model.gpt.d_model",
+        "16",
+        "--model.gpt.block_size",
+        "16",
+        "--data.config.block_size",
+        "16",
+        "--data.config.batch_size",
+        "4",
+        "--data.config.world.num_chars",
+        "20000",
+        "--model.optim.max_steps",
+        "20",
+        "--model.optim.warmup_steps",
+        "4",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(root),
+        "--checkpoint_every",
+        "5",
+    ]
+    cli_main([*args, "--trainer.max_steps", "15"])
+    (root / "checkpoints" / "step=15.ckpt").write_bytes(b"")  # the newest is broken
+    with pytest.warns(UserWarning, match=r"step=15.ckpt: the file is empty.*previous"):
+        cli = cli_main([*args, "--ckpt_path", "latest"])
+    assert Path(cli.trainer.ckpt_path).name == "step=10.ckpt"
+    assert cli.trainer.global_step == 20
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--ckpt_path", str(tmp_path / "nowhere.ckpt")])
+    assert "no such file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 3. mismatches
+
+
+def test_mismatched_optimizer_count_and_shapes_are_refused(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "ref", K, checkpoint_every=K)
+    checkpoint = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
+    two = dict(checkpoint, optimizer_states=checkpoint["optimizer_states"] * 2)
+    torch.save(two, tmp_path / "two.ckpt")
+    with pytest.raises(ValueError, match="holds 2 optimizers, TinyGPTModule configures 1"):
+        fit(tmp_path, "two", N, ckpt_path=tmp_path / "two.ckpt")
+    reshaped = dict(checkpoint)
+    reshaped["state_dict"] = dict(checkpoint["state_dict"])
+    reshaped["state_dict"]["model.head.weight"] = torch.zeros(3, 3)
+    torch.save(reshaped, tmp_path / "reshaped.ckpt")
+    with pytest.raises(ValueError, match=r"model.head.weight: checkpoint \(3, 3\), now \(41, 16\)"):
+        fit(tmp_path, "reshaped", N, ckpt_path=tmp_path / "reshaped.ckpt")
+
+
+# ------------------------------------------------------------------ 4. non-finite loss
+
+
+def test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target(
+    tmp_path: Path,
+) -> None:
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.conftest import NaNLossModule
+
+    detector = SpikeDetector()
+    module = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, nan_step=12)
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Snap(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if trainer.global_step in (12, 13):
+                state = {k: v.clone() for k, v in pl_module.state_dict().items()}
+                opt = trainer.optimizers[0].state_dict()["state"]
+                state.update({f"exp_avg.{i}": s["exp_avg"].clone() for i, s in opt.items()})
+                seen[trainer.global_step] = state
+
+    spec = RunSpec(
+        tmp_path,
+        "nan",
+        N,
+        checkpoint_every=EVERY,
+        callbacks=[detector, Snap()],
+        progress_bar=False,
+        trainer_kwargs={"limit_val_batches": 0},
+    )
+    with pytest.warns(UserWarning, match="non-finite loss at step 12: its update is skipped"):
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+    for key, value in seen[12].items():  # the NaN step changed no weight and no moment
+        assert torch.equal(value, seen[13][key]), key
+    assert all(torch.isfinite(v).all() for v in module.state_dict().values())
+    assert [s["step"] for s in detector.spikes] == [12]
+    assert module.nonfinite_steps == [12]
+    with pytest.warns(UserWarning, match=r"written after a non-finite loss .* \[12\]"):
+        rollback = RollbackRestore(spec.run_dir / "checkpoints", spike_step=N, distance=0)
+        assert rollback.ckpt_step == 10
+
+
+# ------------------------------------------------------------------ 5. preemption
+
+PREEMPTED_RUN = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from tests.conftest import TINY_OPTIM, fit
+print("starting", flush=True)
+fit(Path(sys.argv[1]), "preempted", 400, checkpoint_every=1000,
+    optim=replace(TINY_OPTIM, max_steps=400))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    optim = replace(TINY_OPTIM, max_steps=400)
+    child = subprocess.Popen(
+        [sys.executable, "-c", PREEMPTED_RUN, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    child.stdout.readline()
+    events = tmp_path / "preempted"
+    deadline = time.monotonic() + 60
+    while not list(events.glob("events.out.tfevents.*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # well into training
+    child.send_signal(signum)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err[-2000:]
+    saved = sorted((events / "checkpoints").glob("step=*.ckpt"))
+    assert len(saved) == 1, err[-2000:]
+    assert f"Received {signum.name}" in err
+    step = load_ckpt(saved[0])["global_step"]
+    assert 0 < step < 400
+    end = step + 7
+    resumed = fit(tmp_path, "resumed", end, ckpt_path=saved[0], optim=optim)
+    straight = fit(tmp_path, "straight", end, optim=optim)
+    for key, value in straight.module.state_dict().items():
+        assert torch.equal(value, resumed.module.state_dict()[key]), key
+
+
+# ------------------------------------------------------------------ 6. retention
+
+
+def test_retention_keeps_what_a_rollback_or_resume_needs(tmp_path: Path) -> None:
+    optim = replace(TINY_OPTIM, max_steps=30)
+    first = fit(tmp_path, "run", 6, checkpoint_every=2, optim=optim)
+    directory = first.spec.run_dir / "checkpoints"
+    retention = CheckpointRetention(directory, keep_last=2, rollback_distance=5)
+    fit(
+        tmp_path,
+        "run",
+        20,
+        checkpoint_every=2,
+        optim=optim,
+        ckpt_path=directory / "step=4.ckpt",
+        callbacks=[retention],
+    )
+    left = sorted(int(p.stem.split("=")[1]) for p in directory.glob("*.ckpt"))
+    # resumed-from 4; newest at least 5 behind step 20: 14; within 5 steps: 16, 18, 20
+    assert left == [4, 14, 16, 18, 20]
+    assert all(load_checkpoint(directory / f"step={s}.ckpt") for s in left)
+    with pytest.raises(ValueError, match="keep_last=0"):
+        CheckpointRetention(directory, keep_last=0)
+
+
+# ------------------------------------------------------------------ 7. malicious files
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(tmp_path: Path) -> None:
+    reference = fit(tmp_path, "ref", K, checkpoint_every=K)
+    checkpoint = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
+    marker = tmp_path / "pwned"
+    checkpoint["evil"] = _Payload(marker)
+    torch.save(checkpoint, tmp_path / "evil.ckpt", pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    with pytest.raises(CheckpointError, match="refused to unpickle"):
+        fit(tmp_path, "resume", N, ckpt_path=tmp_path / "evil.ckpt")
+    with pytest.raises(CheckpointError, match="refused to unpickle"):
+        load_checkpoint(tmp_path / "evil.ckpt")
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------ 8. TensorBoard
+
+
+def test_resuming_into_the_same_run_purges_stale_steps(tmp_path: Path) -> None:
+    from tests.test_demos import _scalars
+
+    first = fit(tmp_path, "run", N, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(first.spec.run_dir, K)
+    # A crash after step 20 is replayed from step 10 with other data: steps 10-19 of the
+    # first attempt are stale and must not show.
+    with pytest.warns(UserWarning, match="data seed"):
+        again = fit(tmp_path, "run", N, ckpt_path=ckpt, data=replace(TINY_DATA, seed=9))
+    steps = _scalars(first.spec.run_dir)["train/loss"]
+    assert steps == list(range(N))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(first.spec.run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    logged = {e.step: e.value for e in accumulator.Scalars("train/loss")}
+    for step in range(K, N):
+        assert logged[step] == pytest.approx(again.losses[step], rel=1e-6)  # float32 storage
+        assert again.losses[step] != first.losses[step]
+
+
+def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.test_callbacks import _NaNAtStep  # finite forward, NaN backward at step 12
+
+    module = _NaNAtStep(gpt=TINY_GPT, optim=TINY_OPTIM)
+    spec = RunSpec(
+        tmp_path, "nan_grad", 14, progress_bar=False, trainer_kwargs={"limit_val_batches": 0}
+    )
+    with pytest.warns(UserWarning, match="non-finite gradient norm at step 12"):
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+    assert module.nonfinite_steps == [12]
+    assert all(torch.isfinite(v).all() for v in module.state_dict().values())
+
+
+# ------------------------------------------------------------------ 9. bad input
+
+TINY_CLI = [
+    "--model.gpt.n_layer",
+    "2",
+    "--model.gpt.n_head",
+    "2",
+    "--model.gpt.d_model",
+    "16",
+    "--model.gpt.block_size",
+    "16",
+    "--data.config.block_size",
+    "16",
+    "--data.config.batch_size",
+    "4",
+    "--data.config.world.num_chars",
+    "20000",
+    "--model.optim.max_steps",
+    "20",
+    "--model.optim.warmup_steps",
+    "4",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--trainer.max_steps", "0"], "--trainer.max_steps=0 must be positive"),
+        (["--trainer.max_steps", "-7"], "--trainer.max_steps=-7 must be positive"),
+        (["--model.optim.max_steps", "0"], "max_steps=0 must be"),
+        (["--checkpoint_every", "-1"], "--checkpoint_every=-1 must be >= 0"),
+        (
+            [
+                "--trainer.callbacks+=callbacks.BatchSkipper",
+                "--trainer.callbacks.ranges=[[30, 20]]",
+            ],
+            "ranges entry",
+        ),
+        (["--trainer.callbacks+=callbacks.NoSuchRemedy"], "NoSuchRemedy"),
+        (["--trainer.default_root_dir", "/proc/lit-spikes/run"], "cannot be created"),
+    ],
+)
+def test_bad_cli_input_fails_before_training_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *TINY_CLI, "--trainer.default_root_dir", str(root), *extra])
+    assert exit_info.value.code != 0
+    assert message in capsys.readouterr().err
+    assert not root.exists() or not any(root.iterdir())
+
+
+def test_checkpoint_beyond_the_run_and_too_long_rollback_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = fit(tmp_path, "ref", N, checkpoint_every=EVERY)
+    root = tmp_path / "again"
+    with pytest.raises(SystemExit):
+        cli_main(
+            [
+                "fit",
+                *TINY_CLI,
+                "--trainer.default_root_dir",
+                str(root),
+                "--trainer.max_steps",
+                "15",
+                "--ckpt_path",
+                str(checkpoint_path(reference.spec.run_dir, N)),
+            ]
+        )
+    assert "is at step 20, not before --trainer.max_steps=15" in capsys.readouterr().err
+    assert not root.exists()
+    with pytest.raises(ValueError, match="distance=30 reaches back past step 0"):
+        RollbackRestore(reference.spec.run_dir / "checkpoints", spike_step=12, distance=30)
