@@ -13,7 +13,7 @@ import bisect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -101,6 +101,10 @@ class DataConfig:
     poison: tuple[int, ...] = ()
     """Data positions whose batch is replaced by uniformly random characters: a planted
     bad batch, for tests and for the data-caused spikes the diagnosis must recognise."""
+    poison_rows: Literal["all", "first_half"] = "all"
+    """Which rows of a poisoned global batch are replaced: ``"all"``, or ``"first_half"``
+    (rows ``[0, batch_size // 2)``; the rest stay text). Under 2 processes the first half
+    is exactly rank 0's shard: a bad batch planted in one rank only."""
 
     def __post_init__(self) -> None:
         if self.seed < 0 or self.seed >= 2**31:
@@ -108,8 +112,33 @@ class DataConfig:
         for name in ("batch_size", "block_size", "val_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DataConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.poison_rows not in ("all", "first_half"):
+            raise ValueError(
+                f"DataConfig.poison_rows={self.poison_rows!r} must be 'all' or 'first_half'"
+            )
+        if self.poison_rows == "first_half" and self.batch_size < 2:
+            raise ValueError(
+                f"DataConfig.poison_rows='first_half' needs batch_size >= 2, got "
+                f"batch_size={self.batch_size}: half of one row is no row"
+            )
         object.__setattr__(self, "skip", normalize_skip(self.skip))
         object.__setattr__(self, "poison", normalize_skip(self.poison))
+
+
+def check_shard(batch_size: int, rank: int, world_size: int) -> None:
+    """Raises ``ValueError`` unless rank ``rank`` of ``world_size`` processes can take an
+    equal, whole share of a global batch of ``batch_size`` rows."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    if batch_size % world_size:
+        raise ValueError(
+            f"DataConfig.batch_size={batch_size} is the global batch (rows per step, summed "
+            f"over all processes) and must divide by world_size={world_size} (num_nodes x "
+            f"devices): use a multiple of {world_size}, e.g. "
+            f"{max(world_size, batch_size - batch_size % world_size)}"
+        )
 
 
 class StepBatches(IterableDataset[Batch]):
@@ -117,7 +146,13 @@ class StepBatches(IterableDataset[Batch]):
 
     Each item carries its ``step`` and data ``position`` so the training step can check
     that the data matches the optimizer step it is used for. Under several processes
-    each rank takes its contiguous share of the rows of the same global batch.
+    each rank takes its contiguous share of the rows of the same global batch: rank ``r``
+    of ``world_size`` gets rows ``[r * b, (r + 1) * b)`` with ``b = batch_size //
+    world_size``, so the global batch of a step does not depend on the world size.
+
+    Raises:
+        ValueError: ``world_size < 1``, ``rank`` outside ``[0, world_size)``, or a global
+            batch size that does not divide by ``world_size``.
     """
 
     def __init__(
@@ -129,16 +164,20 @@ class StepBatches(IterableDataset[Batch]):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
+        check_shard(config.batch_size, rank, world_size)
         self.tokens, self.config, self.skip = tokens, config, skip
         self.start_step, self.rank, self.world_size = start_step, rank, world_size
 
     def batch_of_step(self, step: int) -> Batch:
+        """This rank's rows of the global batch of ``step``, with its step and position."""
         position = position_of_step(step, self.skip)
         x, y = batch_at(
             self.tokens, position, self.config.seed, self.config.batch_size, self.config.block_size
         )
         if position in self.config.poison:
-            x, y = poisoned_batch(len(ALPHABET), position, x.shape)
+            bad_x, bad_y = poisoned_batch(len(ALPHABET), position, x.shape)
+            rows = x.size(0) if self.config.poison_rows == "all" else x.size(0) // 2
+            x, y = torch.cat((bad_x[:rows], x[rows:])), torch.cat((bad_y[:rows], y[rows:]))
         rows = self.config.batch_size // self.world_size
         shard = slice(self.rank * rows, (self.rank + 1) * rows)
         return {
@@ -201,11 +240,8 @@ class StepDataModule(pl.LightningDataModule):
             world = build_world(self.config.world)
             self._train_tokens = self.tokenizer.encode(world.train_text())
             self._val_tokens = self.tokenizer.encode(world.val_text())
-        if self.trainer is not None and self.config.batch_size % self.trainer.world_size:
-            raise ValueError(
-                f"DataConfig.batch_size={self.config.batch_size} is the global batch and must "
-                f"divide by the number of processes ({self.trainer.world_size})"
-            )
+        if self.trainer is not None:  # before any process trains on a ragged shard
+            check_shard(self.config.batch_size, self.trainer.global_rank, self.trainer.world_size)
 
     def add_skip(self, positions: Iterable[int]) -> None:
         """Skip more data positions from now on (used by ``callbacks.BatchSkipper``)."""

@@ -139,8 +139,9 @@ class TinyGPTModule(pl.LightningModule):
     step is also appended to ``history`` (plain floats) for scripts and tests.
 
     The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
-    (Lightning saves none), restored at ``on_train_start`` so dropout continues exactly;
-    and a fingerprint of what decides the numerics (versions, threads, world size, model
+    (Lightning saves none) of every rank (``rng_by_rank`` under several processes, where
+    only rank 0 writes the file), each restored in its own rank at ``on_train_start`` so
+    dropout continues exactly; and a fingerprint of what decides the numerics (versions, threads, world size, model
     config). A different model config is an error before any step; any other difference
     warns that bit-exactness is not guaranteed.
 
@@ -185,6 +186,7 @@ class TinyGPTModule(pl.LightningModule):
         self.val_bpc = BitsPerChar()
         self.history: list[dict[str, float]] = []
         self._pending_rng: dict[str, Any] | None = None
+        self._reseed = False
         self.nonfinite_steps: list[int] = []
         """Steps whose loss or gradient was NaN/inf: their update was not applied."""
 
@@ -202,8 +204,11 @@ class TinyGPTModule(pl.LightningModule):
         if self._pending_rng is not None:
             set_rng_states(self._pending_rng)
             self._pending_rng = None
-        elif self.global_step == 0:
+        elif self.global_step == 0 or self._reseed:
+            # Each rank its own stream (dropout masks differ across ranks), at step 0 and
+            # for a rank the checkpoint holds no RNG state of (another world size).
             seed_rngs(self.train_seed + self.global_rank)
+        self._reseed = False
 
     def discard_pending_rng(self) -> None:
         """Forget the RNG states read from a checkpoint (an ablation: see ``ForgetRNGState``)."""
@@ -300,11 +305,16 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rng = collect_rng_states()
         checkpoint[CHECKPOINT_KEY] = {
-            "rng": collect_rng_states(),
+            "rng": rng,
             "fingerprint": self.fingerprint(),
             "nonfinite_steps": list(self.nonfinite_steps),
         }
+        if self._trainer is not None and self.trainer.world_size > 1:
+            # Every rank draws its own dropout masks, but only rank 0 writes the file: each
+            # rank's RNG states go in, by rank (every rank runs this hook: a collective).
+            checkpoint[CHECKPOINT_KEY]["rng_by_rank"] = gather_objects(rng)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -339,7 +349,35 @@ class TinyGPTModule(pl.LightningModule):
                 + "): the resumed run is not guaranteed to be bit-exact",
                 stacklevel=2,
             )
-        self._pending_rng = entry["rng"]
+        self._pending_rng, self._reseed = self._rank_rng(entry), False
+        if self._pending_rng is None:
+            self._reseed = True
+            warnings.warn(
+                f"the checkpoint holds no RNG state for rank {self.global_rank} (it was written "
+                f"by {len(entry.get('rng_by_rank') or [entry['rng']])} process(es)): this rank "
+                f"reseeds its RNGs with train_seed + rank = {self.train_seed + self.global_rank}, "
+                "so its dropout masks are not those of any earlier run",
+                stacklevel=2,
+            )
+
+    def _rank_rng(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """This rank's RNG states in a checkpoint entry (None: the checkpoint has none).
+
+        A checkpoint of a multi-process run holds ``rng_by_rank``; one of a single process
+        holds only ``rng``, which is rank 0's.
+        """
+        states = entry.get("rng_by_rank") or [entry["rng"]]
+        rank = self.global_rank
+        return states[rank] if rank < len(states) else None
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """``value`` of every rank, by rank (a collective: every rank must call it)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, value)
+    return gathered
 
 
 def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
