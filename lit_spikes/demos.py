@@ -52,6 +52,8 @@ class DemoSetup:
     """Data positions each of demo 2's skip windows covers (the seed's 30)."""
     log_root: Path = Path("runs")
     """TensorBoard root: each demo writes ``<log_root>/demo<k>/<row>``."""
+    figures_dir: Path | None = None
+    """Where the comparison PNGs go as well as ``<log_root>/demo<k>/`` (the README's)."""
     workers: int = 2
     """Worker processes for the branches (one CPU thread each)."""
 

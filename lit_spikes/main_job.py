@@ -71,6 +71,43 @@ def wide_console() -> Console:
     return console if console.is_terminal else Console(width=132)
 
 
+def write_figures(
+    setup: DemoSetup,
+    plan: SpikePlan | None,
+    reference: BranchResult,
+    results: dict[str, BranchResult],
+    demos: tuple[int, ...],
+) -> list[Path]:
+    """Loss and max-logit comparison PNGs of demos 1 and 2, in each demo's log directory
+    and in ``setup.figures_dir``."""
+    from lit_spikes.plots import plot_comparison
+
+    figures: list[tuple[str, dict[str, list[dict[str, float]]], tuple[int, int] | None, str]] = []
+    if 1 in demos:
+        rows = {reference.label: reference.history}
+        rows |= {results[b.name].label: results[b.name].history for b in demo1_branches(setup)}
+        title = f"Demo 1: resumed from the step-{setup.ckpt_step} checkpoint"
+        figures.append(("demo1", rows, None, title))
+    if plan is not None and 2 in demos:
+        rows = {"do nothing (reference)": reference.history}
+        rows |= {
+            results[b.name].label: results[b.name].history for b in demo2_branches(setup, plan)
+        }
+        title = f"Demo 2: remedies from step {plan.ckpt_step} (spike at step {plan.onset})"
+        figures.append(("demo2", rows, (plan.onset, plan.onset + 10), title))
+    written = []
+    for demo, rows, window, title in figures:
+        ckpt = setup.ckpt_step if demo == "demo1" else plan.ckpt_step if plan else None
+        targets = [setup.log_root / demo / "comparison.png"]
+        if setup.figures_dir is not None:
+            targets.append(setup.figures_dir / f"{demo}.png")
+        for target in targets:
+            written.append(
+                plot_comparison(rows, target, title, ckpt_step=ckpt, spike_window=window)
+            )
+    return written
+
+
 def ledger_path(log_root: Path) -> Path:
     return log_root / "demo2" / "ledger.json"
 
@@ -144,6 +181,8 @@ def run_main_job(
             print_demo2(setup, demo2, console)
     if 3 in demos:
         print_demo3(PalmCost(), ledger, console)
+    for figure in write_figures(setup, plan, reference, results, demos):
+        console.print(f"Figure: {figure}")
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
     return MainJobResult(reference, demo1, demo2, ledger, wall)
@@ -153,10 +192,17 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-root", type=Path, default=Path("runs"), help="TensorBoard root")
     parser.add_argument("--workers", type=int, default=2, help="parallel branch processes")
+    parser.add_argument(
+        "--figures-dir",
+        type=Path,
+        default=Path("docs/figures"),
+        help="also write the comparison PNGs here (the README shows these)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers={args.workers} must be >= 1")
-    run_main_job(DemoSetup(log_root=args.log_root, workers=args.workers), demos)
+    setup = DemoSetup(log_root=args.log_root, workers=args.workers, figures_dir=args.figures_dir)
+    run_main_job(setup, demos)
 
 
 if __name__ == "__main__":

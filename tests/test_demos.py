@@ -58,6 +58,9 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
     skip_rows = {row.remedy: row.batches_skipped for row in result.ledger}
     assert list(skip_rows.values()) == [6, 6, 0, 0]
     assert all(row.steps_recomputed == 8 for row in result.ledger)
+    for demo in ("demo1", "demo2"):
+        png = (setup.log_root / demo / "comparison.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
     checkpoints = sorted(p.name for p in (setup.log_root / "demo1/reference/checkpoints").iterdir())
     assert checkpoints == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=40.ckpt"]
 
