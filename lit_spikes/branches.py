@@ -36,6 +36,7 @@ from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
+from lit_spikes.tb import write_hparams
 from lit_spikes.training import RunSpec
 
 
@@ -147,6 +148,13 @@ def run_branch(
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         trainer.fit(module, datamodule=datamodule, ckpt_path=branch.ckpt_path)
     bpc = trainer.callback_metrics.get("val/bpc")
+    if trainer.is_global_zero and module.history:
+        write_hparams(
+            spec.run_dir,
+            branch_hparams(branch),
+            float(bpc) if bpc is not None else float("nan"),
+            int(module.history[-1]["step"]),
+        )
     return BranchResult(
         name=branch.name,
         label=branch.label or branch.name,
@@ -159,6 +167,23 @@ def run_branch(
             type(cb).__name__: cb.state_dict() for cb in branch.callbacks if cb.state_dict()
         },
     )
+
+
+def branch_hparams(branch: Branch) -> dict[str, float | int | str | bool]:
+    """What distinguishes a branch, as TensorBoard hparams (plain scalars and strings)."""
+    callbacks = ", ".join(type(cb).__name__ for cb in branch.callbacks)
+    return {
+        "row": branch.label or branch.name,
+        "resumed_from_step": _ckpt_step(branch.ckpt_path),
+        "data_seed": branch.data.seed,
+        "skip": str(list(branch.data.skip)) if branch.data.skip else "none",
+        "peak_lr": branch.optim.peak_lr,
+        "lr_scale": branch.optim.lr_scale,
+        "gradient_clip_val": float(branch.trainer_kwargs.get("gradient_clip_val") or 0.0),
+        "callbacks": callbacks or "none",
+        "model_seed": branch.model_seed,
+        "qk_norm": branch.gpt.qk_norm,
+    }
 
 
 def _worker(branch: Branch, log_root: Path, queue: Any) -> BranchResult:

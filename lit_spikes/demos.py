@@ -197,21 +197,56 @@ def _compare(value: float, reference: float) -> str:
     return f"{'worse' if value > reference else 'better'} than ({reference:.3f})"
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub/TensorBoard markdown table, first column left-aligned, the rest right."""
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def demo1_columns(setup: DemoSetup, report: Demo1Report) -> tuple[list[str], list[list[str]]]:
+    k = setup.ckpt_step
+    header = ["run", "max |param - reference|", f"max loss, steps {k}-{k + 9}", "val bits/char"]
+    rows = [
+        [r.label, f"{r.max_param_diff:.1e}", f"{r.early_max_loss:.3f}", f"{r.val_bpc:.3f}"]
+        for r in report.rows
+    ]
+    return header, rows
+
+
+def demo2_columns(setup: DemoSetup, report: Demo2Report) -> tuple[list[str], list[list[str]]]:
+    k = report.plan.ckpt_step
+    hi = min(k + 100, setup.steps)
+    header = [
+        "remedy",
+        f"max loss {k}-{hi - 1}",
+        "max attn logit",
+        *(f"loss @{s}" for s in report.steps_at),
+        "val bits/char",
+    ]
+    rows = [
+        [
+            r.label,
+            f"{r.max_loss:.3f}",
+            f"{r.max_logit:.1f}",
+            *(f"{v:.3f}" for v in r.losses_at),
+            f"{r.val_bpc:.3f}",
+        ]
+        for r in report.rows
+    ]
+    return header, rows
+
+
 def print_demo1(setup: DemoSetup, report: Demo1Report, console: Console | None = None) -> None:
     console = console or Console()
-    k = setup.ckpt_step
-    table = Table(title=f"Demo 1: checkpoint at step {k}, resumed to step {setup.steps}")
-    table.add_column("run")
-    table.add_column("max |param - reference|", justify="right")
-    table.add_column(f"max loss, steps {k}-{k + 9}", justify="right")
-    table.add_column("val bits/char", justify="right")
-    for row in report.rows:
-        table.add_row(
-            row.label,
-            f"{row.max_param_diff:.1e}",
-            f"{row.early_max_loss:.3f}",
-            f"{row.val_bpc:.3f}",
-        )
+    header, rows = demo1_columns(setup, report)
+    table = Table(
+        title=f"Demo 1: checkpoint at step {setup.ckpt_step}, resumed to step {setup.steps}"
+    )
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     console.print(
         f"Every logged training loss of the exact resume ({report.compared_steps} steps) equals "
@@ -398,26 +433,15 @@ def demo2_report(
 
 def print_demo2(setup: DemoSetup, report: Demo2Report, console: Console | None = None) -> None:
     console = console or Console()
-    k = report.plan.ckpt_step
-    hi = min(k + 100, setup.steps)
+    header, rows = demo2_columns(setup, report)
     table = Table(
-        title=f"Demo 2: remedies from the step-{k} checkpoint "
+        title=f"Demo 2: remedies from the step-{report.plan.ckpt_step} checkpoint "
         f"(spike detected at step {report.plan.onset})"
     )
-    table.add_column("remedy")
-    table.add_column(f"max loss {k}-{hi - 1}", justify="right")
-    table.add_column("max attn logit", justify="right")
-    for step in report.steps_at:
-        table.add_column(f"loss @{step}", justify="right")
-    table.add_column("val bits/char", justify="right")
-    for row in report.rows:
-        table.add_row(
-            row.label,
-            f"{row.max_loss:.3f}",
-            f"{row.max_logit:.1f}",
-            *(f"{v:.3f}" for v in row.losses_at),
-            f"{row.val_bpc:.3f}",
-        )
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     for i, text in enumerate(report.observations, 1):
         console.print(f"  {i}. {text}")

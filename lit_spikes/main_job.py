@@ -28,15 +28,19 @@ from lit_spikes.demos import (
     PalmCost,
     SpikePlan,
     demo1_branches,
+    demo1_columns,
     demo1_report,
     demo2_branches,
+    demo2_columns,
     demo2_ledger,
     demo2_report,
+    markdown_table,
     plan_remedies,
     print_demo1,
     print_demo2,
     print_demo3,
 )
+from lit_spikes.tb import write_summary
 
 
 @dataclass
@@ -183,6 +187,14 @@ def run_main_job(
         print_demo3(PalmCost(), ledger, console)
     for figure in write_figures(setup, plan, reference, results, demos):
         console.print(f"Figure: {figure}")
+    if demo1 is not None:
+        write_summary(
+            setup.log_root / "demo1", {"demo1/table": markdown_table(*demo1_columns(setup, demo1))}
+        )
+    if demo2 is not None:
+        write_summary(
+            setup.log_root / "demo2", {"demo2/table": markdown_table(*demo2_columns(setup, demo2))}
+        )
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
     return MainJobResult(reference, demo1, demo2, ledger, wall)

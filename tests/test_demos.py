@@ -92,7 +92,10 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
 ) -> None:
     setup, _, _ = main_job
     k, n = setup.ckpt_step, setup.steps
-    runs = sorted(p.parent for p in setup.log_root.glob("demo*/*/events.out.tfevents.*"))
+    runs = sorted(
+        {p.parent for p in setup.log_root.glob("demo*/*/events.out.tfevents.*")}
+        - {setup.log_root / "demo1/summary", setup.log_root / "demo2/summary"}
+    )
     names = [str(r.relative_to(setup.log_root)) for r in runs]
     assert names == [
         "demo1/reference",
@@ -115,3 +118,39 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
         # validation after global step s is logged at the index of its last step, s - 1
         assert scalars["val/bpc"] == [s - 1 for s in range(20, n + 1, 20) if s > first]
     assert _scalars(setup.log_root / "demo1/reference")["spike/loss"] == [28]
+
+
+def test_tensorboard_hparams_layout_and_tables(
+    main_job: tuple[DemoSetup, MainJobResult, str],
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    setup, result, _ = main_job
+    assert result.demo2 is not None
+    for run in ("demo1/reference", "demo2/halve_lr", "demo2/clip"):
+        accumulator = EventAccumulator(str(setup.log_root / run), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        content = accumulator.PluginTagToContent("hparams")
+        info = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        hparams = info.session_start_info.hparams
+        assert hparams["row"].string_value
+        assert "hp/val_bpc" in accumulator.Tags()["scalars"]
+    clip = EventAccumulator(str(setup.log_root / "demo2/clip"))
+    clip.Reload()
+    info = plugin_data_pb2.HParamsPluginData.FromString(
+        clip.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    )
+    assert info.session_start_info.hparams["gradient_clip_val"].number_value == 1.0
+    bpc = clip.Scalars("hp/val_bpc")[-1].value
+    assert bpc == pytest.approx(result.demo2.rows[-1].val_bpc, rel=1e-6)  # float32 storage
+
+    summary = EventAccumulator(str(setup.log_root / "demo2/summary"), size_guidance={"tensors": 0})
+    summary.Reload()
+    config = summary.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
+    layout = layout_pb2.Layout.FromString(config)
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert charts["training loss"] == [r"^train/loss$"]
+    text = summary.Tensors("demo2/table/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "halve the LR (OPT)" in text and text.startswith("| remedy |")
