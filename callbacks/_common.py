@@ -9,7 +9,7 @@ from lit_spikes.data import StepDataModule
 
 def step_record(pl_module: pl.LightningModule) -> dict[str, float]:
     """The current step's record (loss, max_logit, grad_norm, ...) from the module's history."""
-    history = getattr(pl_module, "history", None)
+    history: list[dict[str, float]] | None = getattr(pl_module, "history", None)
     if not history:
         raise RuntimeError(f"{type(pl_module).__name__} recorded no step yet")
     return history[-1]

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
+from types import TracebackType
 from typing import Any
 
 import lightning.pytorch as pl
@@ -116,7 +117,8 @@ class _Reporter(Callback):
         step = trainer.global_step
         if step % self.every == 0 or step == trainer.max_steps:
             self.queue.put(("progress", self.name, step))
-        spikes = [s for cb in trainer.callbacks for s in getattr(cb, "spikes", [])]
+        callbacks: list[Callback] = getattr(trainer, "callbacks", [])
+        spikes = [s for cb in callbacks for s in getattr(cb, "spikes", [])]
         for spike in spikes[self._spikes_sent :]:
             self.queue.put(("spike", self.name, dict(spike)))
         self._spikes_sent = len(spikes)
@@ -230,8 +232,13 @@ class BranchRunner:
         )
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stack.__exit__(*exc)
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:
         first = _ckpt_step(branch.ckpt_path)
