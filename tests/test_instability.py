@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks import LRScaler
+from callbacks import LRScaler, SpikeDetector
 from lit_spikes.branches import run_branch
 from lit_spikes.demos import DemoSetup
 
@@ -41,3 +41,11 @@ def test_default_run_spikes_after_warmup_and_halving_the_lr_is_better(tmp_path: 
         progress_bar=False,
     )
     assert halved.val_bpc < reference.val_bpc - 0.2
+    # The detector's defaults flag this spike, and nothing in the stable (halved) run.
+    on_reference, on_halved = SpikeDetector(min_step=100), SpikeDetector(min_step=100)
+    for record in reference.history:
+        on_reference.check(int(record["step"]), record)
+    for record in reference.history[:100] + halved.history:
+        on_halved.check(int(record["step"]), record)
+    assert on_reference.onsets and on_reference.onsets[0] in range(onset - 2, onset + 3)
+    assert on_halved.spikes == []
