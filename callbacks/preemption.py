@@ -55,7 +55,7 @@ class PreemptionCheckpoint(Callback):
         if self.received is None or self.saved_path is not None:
             return
         path = self.dirpath / f"step={trainer.global_step}.ckpt"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         self.saved_path = path
         trainer.should_stop = True
         rank_zero_info(

@@ -127,12 +127,148 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def bench_checkpoints(console: Console, repeats: int = 5) -> None:
+    """Part 3: save/load time and size of a real checkpoint against 12 bytes/parameter."""
+    from lit_spikes.checkpoints import load_checkpoint
+
+    table = Table(title="3. Checkpoint cost and size (AtomicCheckpointIO, fsync included)")
+    for column in (
+        "d_model",
+        "parameters",
+        "file (KB)",
+        "bytes/param",
+        "vs 12 B/param",
+        "save (ms)",
+        "load (ms)",
+    ):
+        table.add_column(column, justify="right")
+    for width in (64, 128, 256):
+        with tempfile.TemporaryDirectory() as tmp:
+            gpt = GPTConfig(d_model=width)
+            spec = RunSpec(
+                Path(tmp),
+                "ckpt",
+                2,
+                progress_bar=False,
+                trainer_kwargs={"limit_val_batches": 0, "logger": False},
+            )
+            module = TinyGPTModule(gpt=gpt)
+            trainer = spec.trainer()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.fit(module, datamodule=StepDataModule())
+            path = Path(tmp) / "step=2.ckpt"
+            saves, loads = [], []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                trainer.save_checkpoint(path, weights_only=False)
+                saves.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                load_checkpoint(path)
+                loads.append(time.perf_counter() - start)
+            params = sum(p.numel() for p in module.parameters())
+            size = path.stat().st_size
+            table.add_row(
+                str(width),
+                f"{params:,}",
+                f"{size / 1024:.0f}",
+                f"{size / params:.2f}",
+                f"{size / params / 12:.3f}x",
+                f"{1000 * statistics.median(saves):.1f}",
+                f"{1000 * statistics.median(loads):.1f}",
+            )
+    console.print(table)
+
+
+def bench_detector(console: Console, step_ms: float) -> None:
+    """Part 4: the spike detector's cost per step, and the time from a detected spike to
+    the first step of a remedy branch (choosing the checkpoint, building the Trainer,
+    restoring), beyond the steps recomputed."""
+    from callbacks import LRScaler, RollbackRestore
+    from lit_spikes.branches import Branch, run_branch
+
+    detector = SpikeDetector(metrics=("loss", "max_logit", "grad_norm"), z_score=6.0)
+    record = {"loss": 2.0, "max_logit": 300.0, "grad_norm": 0.3}
+    calls = 20_000
+    start = time.perf_counter()
+    for step in range(calls):
+        detector.check(step, record)
+    per_call_ms = 1000 * (time.perf_counter() - start) / calls
+    console.print(
+        f"4. Spike detector (3 metrics, ratio and z-score): {1000 * per_call_ms:.1f} us/step, "
+        f"{100 * per_call_ms / step_ms:.3f}% of a {step_ms:.1f} ms step"
+    )
+
+    class FirstStep(Callback):
+        def __init__(self) -> None:
+            self.at: float | None = None
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            if self.at is None:
+                self.at = time.perf_counter()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        run_branch(Branch("ref", 60, checkpoint_every=20, val_every=None), root, progress_bar=False)
+        start = time.perf_counter()
+        rollback = RollbackRestore(root / "ref" / "checkpoints", spike_step=55, distance=20)
+        first = FirstStep()
+        branch = Branch(
+            "remedy",
+            61,
+            ckpt_path=rollback.ckpt_path,
+            val_every=None,
+            callbacks=[first, LRScaler(0.5, start_step=rollback.ckpt_step)],
+        )
+        run_branch(branch, root, progress_bar=False)
+        assert first.at is not None
+        console.print(
+            f"   From a detected spike to the first step of the remedy branch "
+            f"(in-process): {1000 * (first.at - start):.0f} ms"
+        )
+
+
+def bench_model(console: Console, steps: int = 20) -> None:
+    """Part 5: step time against d_model and context length, achieved FLOP/s against this
+    machine's measured single-thread matmul peak."""
+    size = 512
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    start = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    peak = 20 * 2 * size**3 / (time.perf_counter() - start)
+    table = Table(title=f"5. Model speed, 1 thread (matmul peak {peak / 1e9:.1f} GFLOP/s)")
+    for column in ("d_model", "context", "ms/step", "GFLOP/s", "of peak"):
+        table.add_column(column, justify="right")
+    for width, context in ((64, 64), (128, 64), (256, 64), (64, 128), (64, 256)):
+        gpt = GPTConfig(d_model=width, block_size=context)
+        data = DataConfig(block_size=context)
+        start = time.perf_counter()
+        result = train_plain(gpt, OptimConfig(), data, steps, record=False)
+        ms = 1000 * (time.perf_counter() - start) / steps
+        params = sum(p.numel() for p in result.model.parameters())
+        tokens = data.batch_size * context
+        # 6 FLOPs per parameter per token (forward + backward), plus attention's QK^T and
+        # AV: 2 matmuls x 2 FLOPs x T x d per token per layer, x3 for the backward pass.
+        flops = 6 * params * tokens + 12 * gpt.n_layer * tokens * context * width
+        achieved = flops / (ms / 1000)
+        table.add_row(
+            str(width), str(context), f"{ms:.1f}", f"{achieved / 1e9:.2f}", f"{achieved / peak:.1%}"
+        )
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per timed run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed first steps")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
+    parser.add_argument(
+        "--parts", default="1,2,3,4,5", help="comma-separated parts to run (default: all)"
+    )
     args = parser.parse_args()
     if not 0 <= args.warmup < args.steps - 1:
         parser.error(f"--warmup={args.warmup} must be in [0, --steps - 1)")
@@ -143,19 +279,35 @@ def main() -> None:
         f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
         f"lightning {pl.__version__}"
     )
+    parts = {int(part) for part in args.parts.split(",") if part.strip()}
+    if args.skip_main_job:
+        parts.discard(2)
+    step_ms = bench_loop(console, args.steps, args.warmup, args.repeats) if 1 in parts else 33.0
+    if 2 in parts:
+        bench_main_job(console)
+    if 3 in parts:
+        bench_checkpoints(console)
+    if 4 in parts:
+        bench_detector(console, step_ms)
+    if 5 in parts:
+        bench_model(console)
+
+
+def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float:
+    """Part 1; returns the plain loop's median ms/step."""
     plain_ms, lightning_ms = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(args.repeats):
-            plain_ms.append(time_plain(args.steps, args.warmup))
-            lightning_ms.append(time_lightning(args.steps, args.warmup, Path(tmp) / str(repeat)))
+        for repeat in range(repeats):
+            plain_ms.append(time_plain(steps, warmup))
+            lightning_ms.append(time_lightning(steps, warmup, Path(tmp) / str(repeat)))
     p, lt = statistics.median(plain_ms), statistics.median(lightning_ms)
-    table = Table(title=f"1. Loop overhead ({args.repeats} interleaved repeats, medians)")
+    table = Table(title=f"1. Loop overhead ({repeats} interleaved repeats, medians)")
     table.add_column("loop")
     table.add_column("ms/step", justify="right")
     table.add_column("all repeats", justify="right")
     table.add_row("plain PyTorch", f"{p:.1f}", " ".join(f"{v:.1f}" for v in plain_ms))
     table.add_row(
-        "Lightning (TensorBoard every step, spike detector)",
+        "Lightning (TensorBoard every step, spike detector, checkpoint every 50)",
         f"{lt:.1f}",
         " ".join(f"{v:.1f}" for v in lightning_ms),
     )
@@ -167,12 +319,14 @@ def main() -> None:
         f"Lightning / plain: [bold]{pair:.3f}[/bold] (median of paired ratios; "
         f"ratio of medians {lt / p:.3f})"
     )
-    if args.skip_main_job:
-        return
+    return p
+
+
+def bench_main_job(console: Console) -> None:
+    """Part 2."""
     with tempfile.TemporaryDirectory() as tmp:
         setup = DemoSetup(log_root=Path(tmp) / "runs")
-        quiet = Console(quiet=True)
-        job = run_main_job(setup, console=quiet)
+        job = run_main_job(setup, console=Console(quiet=True))
         branches = len(demo1_branches(setup)) + 4
         serial_s, serial_steps = seed_way_serial(setup, branches)
     table = Table(title="2. Main job against the seed's way (training of demos 1 and 2)")
