@@ -43,7 +43,8 @@ class DemoSetup:
     checkpoint_every: int = 50
     """The reference run writes ``step=<k>.ckpt`` every this many steps."""
     val_every: int = 100
-    """Validation interval (it must divide the run length, so every row ends validated)."""
+    """The reference run's validation interval (it must divide the run length); the
+    branches validate once, at their end, which is all their table rows need."""
     other_data_seed: int = 7
     """Data seed of demo 1's 'data order changed' row."""
     rollback_distance: int = 20
@@ -82,7 +83,7 @@ class DemoSetup:
             optim=self.optim,
             data=self.data,
             model_seed=self.model_seed,
-            val_every=self.val_every,
+            val_every=self.steps,
         )
         return replace(base, **changes)  # type: ignore[arg-type]
 
@@ -92,6 +93,7 @@ class DemoSetup:
         from callbacks import SpikeDetector
 
         changes.setdefault("callbacks", [SpikeDetector(min_step=self.optim.warmup_steps)])
+        changes.setdefault("val_every", self.val_every)
         return self.branch(
             REFERENCE,
             "uninterrupted (reference)",

@@ -8,6 +8,7 @@ from it (``lit_spikes.snapshot`` copies, so the snapshot survives every resume).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -77,3 +78,21 @@ def train_plain(
         if snapshot_at is not None and step + 1 == snapshot_at:
             result.snapshot = take_snapshot(model, optimizer, snapshot_at)
     return result
+
+
+@torch.no_grad()
+def evaluate_bpc(model: TinyGPT, data_config: DataConfig, batch_size: int = 64) -> float:
+    """Validation bits per character over the whole validation text, as the Trainer's
+    validation computes it (the seed's ``eval_bpc``)."""
+    dm = StepDataModule(data_config)
+    dm.setup("validate")
+    was_training = model.training
+    model.eval()
+    nats, count = 0.0, 0
+    for batch in dm.val_dataloader():
+        out = model(batch["x"], batch["y"])
+        assert out.loss is not None
+        nats += out.loss.double().item() * batch["y"].numel()
+        count += batch["y"].numel()
+    model.train(was_training)
+    return nats / count / math.log(2.0)

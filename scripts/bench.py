@@ -33,7 +33,7 @@ from lit_spikes.demos import DemoSetup, demo1_branches
 from lit_spikes.main_job import run_main_job
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
-from lit_spikes.plain import train_plain
+from lit_spikes.plain import evaluate_bpc, train_plain
 from lit_spikes.training import RunSpec
 
 
@@ -103,8 +103,9 @@ def seed_way_serial(setup: DemoSetup, branch_count: int) -> tuple[float, int]:
         snapshot_at=setup.ckpt_step,
     )
     assert reference.snapshot is not None
+    evaluate_bpc(reference.model, setup.data)  # the seed evaluates every row at its end
     for _ in range(branch_count):
-        train_plain(
+        branch = train_plain(
             setup.gpt,
             setup.optim,
             setup.data,
@@ -113,6 +114,7 @@ def seed_way_serial(setup: DemoSetup, branch_count: int) -> tuple[float, int]:
             record=True,
             resume=reference.snapshot,
         )
+        evaluate_bpc(branch.model, setup.data)
     steps = setup.steps + branch_count * (setup.steps - setup.ckpt_step)
     return time.perf_counter() - start, steps
 

@@ -163,10 +163,12 @@ def test_dropout_without_rng_restore_changes_the_weights(tmp_path: Path) -> None
 
 def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
     """The Trainer adds nothing to the numerics: same weights as a hand-written loop."""
-    from lit_spikes.plain import train_plain
+    from lit_spikes.plain import evaluate_bpc, train_plain
 
-    run = fit(tmp_path, "lightning", N)
+    run = fit(tmp_path, "lightning", N, val_every=N)
     plain = train_plain(TINY_GPT, TINY_OPTIM, TINY_DATA, N, model_seed=0)
+    lightning_bpc = float(run.trainer.callback_metrics["val/bpc"])
+    assert evaluate_bpc(plain.model, TINY_DATA) == pytest.approx(lightning_bpc, rel=1e-9)
     lightning_state = run.module.model.state_dict()
     for key, value in plain.model.state_dict().items():
         assert torch.equal(value, lightning_state[key]), key
