@@ -26,6 +26,31 @@ TINY_DATA = DataConfig(
     seed=3, batch_size=4, block_size=16, val_batch_size=32, world=WorldConfig(num_chars=20_000)
 )
 TINY_OPTIM = OptimConfig(peak_lr=0.01, warmup_steps=4, max_steps=20)
+TINY_CLI = [
+    "--model.gpt.n_layer",
+    "2",
+    "--model.gpt.n_head",
+    "2",
+    "--model.gpt.d_model",
+    "16",
+    "--model.gpt.block_size",
+    "16",
+    "--data.config.block_size",
+    "16",
+    "--data.config.batch_size",
+    "4",
+    "--data.config.world.num_chars",
+    "20000",
+    "--model.optim.max_steps",
+    "20",
+    "--model.optim.warmup_steps",
+    "4",
+    "--trainer.limit_val_batches",
+    "0",
+    "--trainer.enable_progress_bar",
+    "false",
+]
+"""``lit-spikes fit`` options for the tiny configs above."""
 
 
 @dataclass

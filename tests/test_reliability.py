@@ -28,7 +28,7 @@ from lit_spikes.checkpoints import (
 )
 from lit_spikes.cli import main as cli_main
 from lit_spikes.training import checkpoint_path
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, load_ckpt
+from tests.conftest import TINY_CLI, TINY_DATA, TINY_GPT, TINY_OPTIM, fit, load_ckpt
 
 N, K, EVERY = 20, 10, 5
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,35 +103,7 @@ def test_latest_resume_skips_invalid_files_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "cli"
-    args = [
-        "fit",
-        "--model.gpt.n_layer",
-        "2",
-        "--model.gpt.n_head",
-        "2",
-        "--model.gpt.d_model",
-        "16",
-        "--model.gpt.block_size",
-        "16",
-        "--data.config.block_size",
-        "16",
-        "--data.config.batch_size",
-        "4",
-        "--data.config.world.num_chars",
-        "20000",
-        "--model.optim.max_steps",
-        "20",
-        "--model.optim.warmup_steps",
-        "4",
-        "--trainer.limit_val_batches",
-        "0",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.default_root_dir",
-        str(root),
-        "--checkpoint_every",
-        "5",
-    ]
+    args = ["fit", *TINY_CLI, "--trainer.default_root_dir", str(root), "--checkpoint_every", "5"]
     cli_main([*args, "--trainer.max_steps", "15"])
     (root / "checkpoints" / "step=15.ckpt").write_bytes(b"")  # the newest is broken
     with pytest.warns(UserWarning, match=r"step=15.ckpt: the file is empty.*previous"):
@@ -340,31 +312,6 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ 9. bad input
-
-TINY_CLI = [
-    "--model.gpt.n_layer",
-    "2",
-    "--model.gpt.n_head",
-    "2",
-    "--model.gpt.d_model",
-    "16",
-    "--model.gpt.block_size",
-    "16",
-    "--data.config.block_size",
-    "16",
-    "--data.config.batch_size",
-    "4",
-    "--data.config.world.num_chars",
-    "20000",
-    "--model.optim.max_steps",
-    "20",
-    "--model.optim.warmup_steps",
-    "4",
-    "--trainer.limit_val_batches",
-    "0",
-    "--trainer.enable_progress_bar",
-    "false",
-]
 
 
 @pytest.mark.parametrize(
