@@ -52,14 +52,22 @@ class PreemptionCheckpoint(Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.received is None or self.saved_path is not None:
+        if self.saved_path is not None:
+            return
+        # Under DDP a signal may reach one rank only, or ranks at different steps: they
+        # agree each step, so all save (a collective) and stop at the same step.
+        received = self.received is not None
+        if trainer.world_size > 1:
+            received = trainer.strategy.reduce_boolean_decision(received, all=False)
+        if not received:
             return
         path = self.dirpath / f"step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)
         self.saved_path = path
         trainer.should_stop = True
+        name = signal.Signals(self.received).name if self.received else "a signal on another rank"
         rank_zero_info(
-            f"\nReceived {signal.Signals(self.received).name}: stopped after step "
+            f"\nReceived {name}: stopped after step "
             f"{trainer.global_step}, checkpoint written to {path}. Resume with "
             f"--ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
         )

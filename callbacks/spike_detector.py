@@ -8,6 +8,7 @@ from collections import deque
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
@@ -15,6 +16,16 @@ from callbacks._common import step_record
 
 MONITORABLE = ("loss", "max_logit", "grad_norm")
 """Per-step values TinyGPTModule records, and so what a detector can watch."""
+
+RANK_REDUCTION: dict[str, Literal["mean", "max"]] = {
+    "loss": "mean",
+    "max_logit": "max",
+    "grad_norm": "mean",
+}
+"""How each metric's per-rank values combine into the global one under several processes:
+the loss of the global batch is the mean of the ranks' losses (their shards are equal in
+size); the largest attention logit is the largest of any rank; the gradient norm is
+measured after DDP averaged the gradients, so it is the same on every rank already."""
 
 
 class SpikeDetector(Callback):
@@ -37,6 +48,17 @@ class SpikeDetector(Callback):
     step-to-step noise stays well under 15% once warm-up has started, while the spike the
     demos study is a rise of 40% and more within a few steps.
 
+    Under several processes (DDP), the module's ``history`` holds each rank's own values
+    (the loss of its shard). The detector gathers them from every rank each step (one
+    ``all_gather``) and judges the global value: the mean of the ranks' losses, the largest
+    ``max_logit``, the (already identical) ``grad_norm``; see ``RANK_REDUCTION``. Every rank
+    computes it from the same gathered tensor in the same order, so every rank holds the
+    same reference, flags the same global steps and, with ``action="stop"``, sets
+    ``trainer.should_stop`` at the same step: a bad batch in one rank's shard stops all of
+    them together (a rank stopping alone would leave the others waiting forever in the
+    gradient all-reduce). Each spike record then also holds ``rank_values``, the values of
+    each rank, to show which shard it came from. With one process nothing is gathered.
+
     Args:
         metrics: which per-step values to watch: ``"loss"``, ``"max_logit"``, ``"grad_norm"``.
         window: steps in the rolling reference.
@@ -55,6 +77,7 @@ class SpikeDetector(Callback):
         >>> detector = SpikeDetector(ratio=1.4, window=20, action="stop")
         >>> trainer = pl.Trainer(callbacks=[detector])
         >>> detector.spikes  # [{"step": 122, "metric": "loss", "value": 3.1, "reference": 2.1}]
+        >>> # under DDP also "rank_values": [4.1, 2.1] (rank 0's shard held the bad rows)
     """
 
     def __init__(
@@ -124,8 +147,14 @@ class SpikeDetector(Callback):
             limits.append(mean + self.z_score * statistics.stdev(recent))
         return min(limits) if self.mode == "any" else max(limits)
 
-    def check(self, step: int, values: dict[str, float]) -> list[dict[str, Any]]:
-        """Judge one step's values, then add them to the reference; returns the new spikes."""
+    def check(
+        self,
+        step: int,
+        values: dict[str, float],
+        rank_values: dict[str, list[float]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Judge one step's (global) values, then add them to the reference; returns the new
+        spikes. ``rank_values``, when given, is copied into each spike record."""
         found = []
         for metric in self.metrics:
             value = values.get(metric)
@@ -135,9 +164,10 @@ class SpikeDetector(Callback):
             reference = sum(self._recent[metric]) / max(1, len(self._recent[metric]))
             non_finite = metric == "loss" and not math.isfinite(value)
             if non_finite or (limit is not None and step >= self.min_step and value > limit):
-                found.append(
-                    {"step": step, "metric": metric, "value": value, "reference": reference}
-                )
+                spike = {"step": step, "metric": metric, "value": value, "reference": reference}
+                if rank_values is not None:
+                    spike["rank_values"] = list(rank_values[metric])
+                found.append(spike)
             if math.isfinite(value):
                 self._recent[metric].append(value)
         self._seen += 1
@@ -149,13 +179,49 @@ class SpikeDetector(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
         record = step_record(pl_module)
-        found = self.check(int(record["step"]), record)
+        values, rank_values = self.global_values(trainer, record)
+        found = self.check(int(record["step"]), values, rank_values)
         # Straight to the loggers: `self.log` would repeat the last value on every later step.
         for spike in found:
             for logger in trainer.loggers:
                 logger.log_metrics({f"spike/{spike['metric']}": spike["value"]}, step=spike["step"])
         if found and self.action == "stop":
             trainer.should_stop = True
+
+    def global_values(
+        self, trainer: pl.Trainer, record: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, list[float]] | None]:
+        """The watched metrics of this step over all ranks, and each rank's values.
+
+        With one process: ``record`` itself and None. With several: one ``all_gather`` of
+        every rank's values (NaN and a presence flag where a rank recorded none, e.g. no
+        ``grad_norm`` on a skipped update), reduced as ``RANK_REDUCTION`` says over the
+        ranks that recorded the metric, in rank order; a metric no rank recorded is left out.
+        """
+        if trainer.world_size == 1:
+            return {m: record[m] for m in self.metrics if m in record}, None
+        local = torch.tensor(
+            [
+                [float(record.get(m, math.nan)) for m in self.metrics],
+                [float(m in record) for m in self.metrics],
+            ],
+            dtype=torch.float64,
+        )
+        gathered = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2, -1)
+        values: dict[str, float] = {}
+        per_rank: dict[str, list[float]] = {}
+        for index, metric in enumerate(self.metrics):
+            ranks, seen = gathered[:, 0, index].tolist(), gathered[:, 1, index].tolist()
+            present = [value for value, flag in zip(ranks, seen, strict=True) if flag]
+            if not present:
+                continue
+            per_rank[metric] = ranks
+            if RANK_REDUCTION[metric] == "max":
+                # max() would drop a NaN that is not first: any NaN makes the value NaN
+                values[metric] = math.nan if any(map(math.isnan, present)) else max(present)
+            else:
+                values[metric] = sum(present) / len(present)
+        return values, per_rank
 
     @property
     def onsets(self) -> list[int]:

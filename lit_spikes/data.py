@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from typing_extensions import override
 
@@ -218,6 +219,12 @@ class StepDataModule(pl.LightningDataModule):
     checkpoint is restored, so a resumed run continues at exactly the right batch without
     any sampler state. The skip set is part of the checkpoint (``state_dict``).
 
+    Under several processes (DDP), ``DataConfig.batch_size`` stays the global batch: each
+    rank trains on its contiguous share of the same global batch (``StepBatches``), so the
+    data of a step is the same whatever the world size; ``setup`` refuses a batch size
+    that does not divide by the world size. Validation gives each rank every
+    ``world_size``-th window, none repeated.
+
     Args:
         config: where the batches come from (data seed, batch size, skip set, world).
 
@@ -280,12 +287,32 @@ class StepDataModule(pl.LightningDataModule):
 
     @override
     def val_dataloader(self) -> DataLoader[Batch]:
+        """Every validation window once. Under several processes rank ``r`` takes windows
+        ``r, r + world_size, ...``, unpadded: Lightning's default ``DistributedSampler``
+        would repeat windows to even out the shards and count them twice in ``val/bpc``."""
         if self._val_tokens is None:
             self.setup("validate")
         assert self._val_tokens is not None
         windows = _ValWindows(self._val_tokens, self.config.block_size)
+        trainer = self.trainer
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:
+            if len(windows) < trainer.world_size:
+                # A rank without a window would never log val/bpc, and the others would
+                # wait for it forever in the metric's sync.
+                raise ValueError(
+                    f"the validation text has {len(windows)} windows of block_size="
+                    f"{self.config.block_size}, fewer than world_size={trainer.world_size}: "
+                    "every process needs at least one"
+                )
+            sampler = UnrepeatedDistributedSampler(
+                windows, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+            )
         return DataLoader(
-            windows, batch_size=self.config.val_batch_size, generator=torch.Generator()
+            windows,
+            batch_size=self.config.val_batch_size,
+            sampler=sampler,
+            generator=torch.Generator(),
         )
 
     @override

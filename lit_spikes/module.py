@@ -141,9 +141,9 @@ class TinyGPTModule(pl.LightningModule):
     The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
     (Lightning saves none) of every rank (``rng_by_rank`` under several processes, where
     only rank 0 writes the file), each restored in its own rank at ``on_train_start`` so
-    dropout continues exactly; and a fingerprint of what decides the numerics (versions, threads, world size, model
-    config). A different model config is an error before any step; any other difference
-    warns that bit-exactness is not guaranteed.
+    dropout continues exactly; and a fingerprint of what decides the numerics (versions,
+    threads, world size, model config). A different model config is an error before any
+    step; any other difference warns that bit-exactness is not guaranteed.
 
     Args:
         gpt: shape of the network.
@@ -225,7 +225,18 @@ class TinyGPTModule(pl.LightningModule):
         out = self.model(batch["x"], batch["y"])
         assert out.loss is not None
         self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
-        if not torch.isfinite(out.loss):
+        finite = bool(torch.isfinite(out.loss))
+        if self.trainer.world_size > 1:
+            # Under DDP every rank must skip the same steps: one rank's NaN skips them all.
+            everywhere = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+            if not everywhere:
+                self._skip_update("loss" if not finite else "loss on another rank")
+                # Lightning refuses a None from training_step under DDP, and every rank
+                # must run backward for the gradient all-reduce: a zero loss on the graph
+                # gives zero gradients, which on_before_optimizer_step then drops.
+                zero: torch.Tensor = torch.stack([p.sum() for p in self.parameters()]).sum() * 0.0
+                return zero
+        elif not finite:
             # Returning None makes Lightning skip backward and leave every gradient None,
             # so AdamW changes nothing (no decay, no moments); the step counter and the
             # schedule go on, as for any step.
@@ -263,9 +274,14 @@ class TinyGPTModule(pl.LightningModule):
         norm = grad_norm(self.parameters())  # before the Trainer clips
         if self.history and self.history[-1]["step"] == self.global_step:
             self.history[-1]["grad_norm"] = norm.item()
-        if not torch.isfinite(norm) and self.global_step not in self.nonfinite_steps:
+        if self.global_step in self.nonfinite_steps:
+            # A skipped loss under DDP: its zero gradients must not reach AdamW either.
+            for parameter in self.parameters():
+                parameter.grad = None
+        elif not torch.isfinite(norm):
             # A finite loss with inf/NaN gradients: drop the gradients (zeroing them would
-            # still let weight decay and momentum move the weights).
+            # still let weight decay and momentum move the weights). Under DDP the
+            # gradients were all-reduced, so every rank drops the same step.
             for parameter in self.parameters():
                 parameter.grad = None
             self._skip_update("gradient norm")
