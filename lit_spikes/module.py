@@ -87,7 +87,9 @@ def grad_norm(parameters: Any) -> torch.Tensor:
 def collect_rng_states() -> dict[str, Any]:
     """torch, Python and NumPy RNG states in plain types (``torch.load(weights_only=True)``)."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)  # legacy=True: (kind, keys, pos, has_gauss, cached)
+    kind, keys, pos, has_gauss, cached = state
     return {
         "torch": torch.get_rng_state(),
         "python": [version, list(internal), gauss],
@@ -192,7 +194,8 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
-        return self.model(idx, targets)
+        out: GPTOutput = self.model(idx, targets)
+        return out
 
     @override
     def setup(self, stage: str) -> None:
@@ -242,7 +245,8 @@ class TinyGPTModule(pl.LightningModule):
             # schedule go on, as for any step.
             self._skip_update("loss")
             return None  # type: ignore[return-value]
-        return out.loss
+        loss: torch.Tensor = out.loss
+        return loss
 
     def _skip_update(self, what: str) -> None:
         self.nonfinite_steps.append(self.global_step)
