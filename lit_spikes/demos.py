@@ -57,6 +57,9 @@ class DemoSetup:
     """Where the comparison PNGs go as well as ``<log_root>/demo<k>/`` (the README's)."""
     workers: int = 2
     """Worker processes for the branches (one CPU thread each)."""
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra ``pl.Trainer`` arguments for every run, e.g. ``devices=2, strategy="ddp"``:
+    then each run spans the processes and the runs go one after the other."""
 
     def __post_init__(self) -> None:
         steps = self.optim.max_steps
@@ -74,6 +77,13 @@ class DemoSetup:
     def steps(self) -> int:
         return self.optim.max_steps
 
+    @property
+    def distributed(self) -> bool:
+        """Whether every run spans several processes (Lightning DDP)."""
+        devices = self.trainer_kwargs.get("devices", 1)
+        nodes = self.trainer_kwargs.get("num_nodes", 1)
+        return (isinstance(devices, int) and devices > 1) or int(nodes) > 1
+
     def branch(self, name: str, label: str, **changes: object) -> Branch:
         base = Branch(
             name=name,
@@ -84,6 +94,7 @@ class DemoSetup:
             data=self.data,
             model_seed=self.model_seed,
             val_every=self.steps,
+            trainer_kwargs=dict(self.trainer_kwargs),
         )
         return replace(base, **changes)  # type: ignore[arg-type]
 
@@ -347,7 +358,7 @@ def demo2_branches(setup: DemoSetup, plan: SpikePlan) -> list[Branch]:
             "demo2/clip",
             "gradient clipping at norm 1.0",
             ckpt_path=ckpt,
-            trainer_kwargs={"gradient_clip_val": 1.0},
+            trainer_kwargs={**setup.trainer_kwargs, "gradient_clip_val": 1.0},
         ),
     ]
 

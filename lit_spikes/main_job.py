@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from rich.console import Console
 
-from lit_spikes.branches import BranchResult, BranchRunner
+from lit_spikes.branches import BranchResult, BranchRunner, run_branch
 from lit_spikes.demos import (
     REFERENCE,
     Demo1Report,
@@ -139,18 +140,66 @@ def run_main_job(
     needs exists: demo 1's once ``step=<ckpt_step>.ckpt`` is written, demo 2's once the
     detector flagged the spike (its checkpoint, ``rollback_distance`` steps earlier, is
     written by then). Both cores work from the first seconds on.
+
+    With ``setup.trainer_kwargs`` asking for several processes (DDP), every run spans
+    them and the runs go one after the other in this process; Lightning starts this
+    script again for the other ranks, which train the same runs and write nothing else.
     """
     unknown = sorted(set(demos) - {1, 2, 3})
     if unknown or not demos:
         raise ValueError(f"demos={demos!r}: choose from 1, 2, 3")
+    leader = rank_zero_only.rank == 0
     console = console or wide_console()
+    if not leader:
+        console = Console(quiet=True)
     start = time.perf_counter()
-    clear_previous(setup)
+    if leader:
+        clear_previous(setup)
     need_plan = 2 in demos or 3 in demos
+    how = (
+        f"one after the other across {setup.trainer_kwargs.get('devices')} processes"
+        if setup.distributed
+        else f"{setup.workers} processes"
+    )
     console.rule(
         f"Reference run ({setup.steps} steps, checkpoint every {setup.checkpoint_every}) "
-        f"and its branches, {setup.workers} processes"
+        f"and its branches, {how}"
     )
+    if setup.distributed:
+        results, plan = _run_in_sequence(setup, demos, need_plan)
+    else:
+        results, plan = _run_in_parallel(setup, demos, need_plan)
+    reference = results[REFERENCE]
+    demo1 = demo2 = ledger = None
+    if 1 in demos:
+        demo1 = demo1_report(setup, reference, results)
+    if plan is not None:
+        demo2 = demo2_report(setup, plan, reference, results)
+        ledger = demo2_ledger(setup, plan, results)
+    if leader:
+        mirror_reference_logs(setup)
+        if demo1 is not None:
+            print_demo1(setup, demo1, console)
+            table = markdown_table(*demo1_columns(setup, demo1))
+            write_summary(setup.log_root / "demo1", {"demo1/table": table})
+        if demo2 is not None and ledger is not None:
+            write_ledger(setup, ledger)
+            table = markdown_table(*demo2_columns(setup, demo2))
+            write_summary(setup.log_root / "demo2", {"demo2/table": table})
+            if 2 in demos:
+                print_demo2(setup, demo2, console)
+        if 3 in demos:
+            print_demo3(PalmCost(), ledger, console)
+        for figure in write_figures(setup, plan, reference, results, demos):
+            console.print(f"Figure: {figure}")
+    wall = time.perf_counter() - start
+    console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
+    return MainJobResult(reference, demo1, demo2, ledger, wall)
+
+
+def _run_in_parallel(
+    setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
+) -> tuple[dict[str, BranchResult], SpikePlan | None]:
     plan: SpikePlan | None = None
     spikes: list[dict[str, Any]] = []
     waiting_for_demo1 = 1 in demos
@@ -170,40 +219,38 @@ def run_main_job(
             elif kind == "done" and need_plan and plan is None:
                 # The reference ended without a spike after warm-up: a clear error.
                 plan_remedies(setup, spikes)
-    results = runner.results
-    reference = results[REFERENCE]
-    mirror_reference_logs(setup)
-    demo1 = demo2 = ledger = None
-    if 1 in demos:
-        demo1 = demo1_report(setup, reference, results)
-        print_demo1(setup, demo1, console)
-    if plan is not None:
-        demo2 = demo2_report(setup, plan, reference, results)
-        ledger = demo2_ledger(setup, plan, results)
-        write_ledger(setup, ledger)
-        if 2 in demos:
-            print_demo2(setup, demo2, console)
-    if 3 in demos:
-        print_demo3(PalmCost(), ledger, console)
-    for figure in write_figures(setup, plan, reference, results, demos):
-        console.print(f"Figure: {figure}")
-    if demo1 is not None:
-        write_summary(
-            setup.log_root / "demo1", {"demo1/table": markdown_table(*demo1_columns(setup, demo1))}
-        )
-    if demo2 is not None:
-        write_summary(
-            setup.log_root / "demo2", {"demo2/table": markdown_table(*demo2_columns(setup, demo2))}
-        )
-    wall = time.perf_counter() - start
-    console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
-    return MainJobResult(reference, demo1, demo2, ledger, wall)
+    return runner.results, plan
+
+
+def _run_in_sequence(
+    setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
+) -> tuple[dict[str, BranchResult], SpikePlan | None]:
+    """Every rank runs the same runs in the same order (the detector's spikes are the
+    same on every rank, so is the plan)."""
+    reference = run_branch(setup.reference(), setup.log_root)
+    results = {REFERENCE: reference}
+    branches = demo1_branches(setup) if 1 in demos else []
+    plan = None
+    if need_plan:
+        spikes = reference.callback_states.get("SpikeDetector", {}).get("spikes", [])
+        plan = plan_remedies(setup, spikes)
+        branches += demo2_branches(setup, plan)
+    for branch in branches:
+        results[branch.name] = run_branch(branch, setup.log_root)
+    return results, plan
 
 
 def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-root", type=Path, default=Path("runs"), help="TensorBoard root")
     parser.add_argument("--workers", type=int, default=2, help="parallel branch processes")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="processes per run (with --strategy ddp: each run spans them, runs in sequence)",
+    )
+    parser.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
     parser.add_argument(
         "--figures-dir",
         type=Path,
@@ -213,7 +260,17 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers={args.workers} must be >= 1")
-    setup = DemoSetup(log_root=args.log_root, workers=args.workers, figures_dir=args.figures_dir)
+    if args.devices < 1:
+        parser.error(f"--devices={args.devices} must be >= 1")
+    trainer_kwargs: dict[str, Any] = {}
+    if args.devices > 1 or args.strategy != "auto":
+        trainer_kwargs = {"devices": args.devices, "strategy": args.strategy}
+    setup = DemoSetup(
+        log_root=args.log_root,
+        workers=args.workers,
+        figures_dir=args.figures_dir,
+        trainer_kwargs=trainer_kwargs,
+    )
     run_main_job(setup, demos)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -156,3 +157,32 @@ def test_tensorboard_hparams_layout_and_tables(
     assert charts["training loss"] == [r"^train/loss$"]
     text = summary.Tensors("demo2/table/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "halve the LR (OPT)" in text and text.startswith("| remedy |")
+
+
+def test_main_job_under_ddp_with_two_processes(tmp_path: Path) -> None:
+    """`--devices 2 --strategy ddp`: every run spans 2 gloo processes, the runs go in
+    sequence, Lightning re-runs the script for rank 1, and only rank 0 writes results."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
+    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.ddp_main_job", str(tmp_path)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in result.stderr
+    assert result.stdout.count("Demo 1: checkpoint at step 20") == 1  # rank 0 prints alone
+    assert result.stdout.count("exact-resume-diff=0.0") == 2  # both ranks: bit-exact
+    assert result.stdout.count("onset=28 ckpt=20") == 2  # both ranks: the same plan
+    ledger = json.loads((tmp_path / "demo2" / "ledger.json").read_text())
+    assert [row["batches_skipped"] for row in ledger] == [6, 6, 0, 0]
