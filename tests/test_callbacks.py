@@ -278,3 +278,19 @@ def test_callbacks_need_the_step_datamodule(tmp_path: Path) -> None:
     ):
         spec.trainer().fit(module, train_dataloaders=DataLoader(loader, batch_size=None))
     assert torch.is_tensor(next(iter(loader))["x"])
+
+
+def test_train_loss_goes_through_self_log_only_where_it_is_read(tmp_path: Path) -> None:
+    """TensorBoard always gets train/loss; callback_metrics (progress bar, monitors) only
+    when a progress bar or a `monitor="train/loss"` callback reads it (self.log costs 2%)."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from tests.test_demos import _scalars
+
+    quiet = fit(tmp_path, "quiet", 5)
+    assert "train/loss" not in quiet.trainer.callback_metrics
+    assert _scalars(quiet.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
+    monitor = EarlyStopping(monitor="train/loss", check_on_train_epoch_end=True, patience=100)
+    watched = fit(tmp_path, "watched", 5, callbacks=[monitor])
+    assert float(watched.trainer.callback_metrics["train/loss"]) == watched.losses[4]
+    assert _scalars(watched.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
