@@ -1,11 +1,12 @@
 """Lightning callbacks for loss spikes: detect, skip data (PaLM), scale the LR (OPT),
-and roll back to a real checkpoint."""
+skip an outlier step's update (OLMo-core), and roll back to a real checkpoint."""
 
 from callbacks.batch_skipper import BatchSkipper
 from callbacks.lr_scaler import LRScaler
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.retention import CheckpointRetention
 from callbacks.rollback import RollbackRestore
+from callbacks.skip_step import SkipStep
 from callbacks.spike_detector import SpikeDetector
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "LRScaler",
     "PreemptionCheckpoint",
     "RollbackRestore",
+    "SkipStep",
     "SpikeDetector",
 ]

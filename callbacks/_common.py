@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.data import StepDataModule
 
@@ -24,3 +25,15 @@ def step_datamodule(trainer: pl.Trainer, owner: str) -> StepDataModule:
             f"datamodule=StepDataModule(...))); got {type(datamodule).__name__}"
         )
     return datamodule
+
+
+def module_history(pl_module: pl.LightningModule) -> list[dict[str, float]]:
+    """The module's per-step records (``TinyGPTModule.history``); empty if it keeps none."""
+    history: list[dict[str, float]] = getattr(pl_module, "history", [])
+    return history
+
+
+def trainer_callbacks(trainer: pl.Trainer) -> list[Callback]:
+    """The Trainer's callbacks (typed: Lightning sets the attribute dynamically)."""
+    callbacks: list[Callback] = getattr(trainer, "callbacks", [])
+    return callbacks

@@ -1,4 +1,8 @@
-"""``lit-spikes``: LightningCLI for TinyGPTModule and StepDataModule.
+"""``lit-spikes``: LightningCLI for TinyGPTModule and StepDataModule, plus two commands.
+
+``lit-spikes recover ...`` (automatic spike recovery, ``lit_spikes.recover``) and
+``lit-spikes diagnose ...`` (replay diagnosis of a spike, ``lit_spikes.diagnose``) are
+plain argparse commands; every other first argument goes to the LightningCLI.
 
 ``lit-spikes fit`` takes ``--model.*``, ``--data.*``, ``--trainer.*``, ``--config FILE``
 and ``--ckpt_path PATH`` as any LightningCLI does, plus ``--checkpoint_every N``: write
@@ -8,9 +12,11 @@ The defaults reproduce the seed's setup (4 layers, peak LR 0.1, batch 16, 400 st
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -27,6 +33,10 @@ from lit_spikes.checkpoints import (
 from lit_spikes.data import StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
+
+if TYPE_CHECKING:
+    from lit_spikes.diagnose import Verdict
+    from lit_spikes.recover import RecoverResult
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",
@@ -136,10 +146,36 @@ class LitSpikesCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
 
-def main(args: list[str] | None = None) -> LitSpikesCLI:
+COMMANDS = {"recover": "lit_spikes.recover", "diagnose": "lit_spikes.diagnose"}
+"""Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
+
+
+def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdict | None:
     """Run the CLI; a run stopped by SIGTERM/SIGINT exits with 128 + the signal number
-    (after writing its checkpoint), so a job scheduler sees it did not finish."""
-    cli = LitSpikesCLI(
+    (after writing its checkpoint), so a job scheduler sees it did not finish.
+
+    ``recover`` and ``diagnose`` go to their own modules' ``main``: in-process callers
+    (``args`` given) get their result back, the console script (``sys.exit(main())``)
+    gets None, so exit status 0. Anything else goes to the LightningCLI."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] in COMMANDS:
+        result = importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+        return result if args is not None else None
+    cli = build_cli(args)
+    preempted = [
+        cb
+        for cb in getattr(cli.trainer, "callbacks", [])
+        if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
+    ]
+    if preempted and args is None:  # in-process callers (tests) get the CLI object back
+        raise SystemExit(128 + int(preempted[0].received or 0))
+    # The console script does sys.exit(main()): anything but None would exit with 1.
+    return cli if args is not None else None
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
+    """The project's LightningCLI; ``run=False`` parses and instantiates only."""
+    return LitSpikesCLI(
         TinyGPTModule,
         StepDataModule,
         trainer_defaults=TRAINER_DEFAULTS,
@@ -148,15 +184,8 @@ def main(args: list[str] | None = None) -> LitSpikesCLI:
         load_from_checkpoint_support=False,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
     )
-    preempted = [
-        cb
-        for cb in getattr(cli.trainer, "callbacks", [])
-        if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
-    ]
-    if preempted and args is None:  # in-process callers (tests) get the CLI object back
-        raise SystemExit(128 + int(preempted[0].received or 0))
-    return cli
 
 
 if __name__ == "__main__":

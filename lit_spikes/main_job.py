@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
 from lit_spikes.branches import BranchResult, BranchRunner, run_branch
@@ -148,7 +148,7 @@ def run_main_job(
     unknown = sorted(set(demos) - {1, 2, 3})
     if unknown or not demos:
         raise ValueError(f"demos={demos!r}: choose from 1, 2, 3")
-    leader = rank_zero_only.rank == 0
+    leader = getattr(rank_zero_only, "rank", 0) == 0  # set from the launcher's env
     console = console or wide_console()
     if not leader:
         console = Console(quiet=True)

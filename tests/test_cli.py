@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lit_spikes.cli import main
@@ -25,20 +27,9 @@ def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_defaults_reproduce_the_seed_setup() -> None:
-    from lit_spikes.cli import TRAINER_DEFAULTS, LitSpikesCLI
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.cli import build_cli
 
-    parsed = LitSpikesCLI(
-        TinyGPTModule,
-        StepDataModule,
-        trainer_defaults=TRAINER_DEFAULTS,
-        run=False,
-        seed_everything_default=False,
-        auto_configure_optimizers=False,
-        load_from_checkpoint_support=False,
-        args=[],
-    )
+    parsed = build_cli([], run=False)
     module, data, trainer = parsed.model, parsed.datamodule, parsed.trainer
     assert (module.model_config.n_layer, module.model_config.d_model) == (4, 64)
     assert not module.model_config.qk_norm
@@ -58,3 +49,41 @@ def test_trainer_can_stop_before_the_schedule_ends(capsys: pytest.CaptureFixture
         main(["fit", "--trainer.max_steps", "100", "--print_config"])
     out = capsys.readouterr().out
     assert "max_steps: 100" in out and "max_steps: 400" in out  # the trainer's, the schedule's
+
+
+def test_console_script_exits_zero(tmp_path: Path) -> None:
+    """`lit-spikes` is sys.exit(main()): a finished run must exit 0, printing nothing odd."""
+    import subprocess
+    import sys
+
+    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    tiny = [
+        "fit",
+        "--model.gpt.n_layer",
+        "1",
+        "--model.gpt.d_model",
+        "16",
+        "--model.gpt.n_head",
+        "2",
+        "--model.gpt.block_size",
+        "16",
+        "--data.config.block_size",
+        "16",
+        "--data.config.batch_size",
+        "4",
+        "--data.config.world.num_chars",
+        "20000",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--checkpoint_every",
+        "0",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", script, *tiny], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "LitSpikesCLI object" not in result.stdout + result.stderr

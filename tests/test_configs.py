@@ -13,9 +13,7 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.cli import TRAINER_DEFAULTS, LitSpikesCLI, main
-from lit_spikes.data import StepDataModule
-from lit_spikes.module import TinyGPTModule
+from lit_spikes.cli import build_cli, main
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -118,16 +116,7 @@ def test_config_trains_through_the_cli(path: Path, tmp_path: Path) -> None:
 
 
 def _parsed(args: list[str], root: Path) -> dict[str, Any]:
-    cli = LitSpikesCLI(
-        TinyGPTModule,
-        StepDataModule,
-        trainer_defaults=TRAINER_DEFAULTS,
-        run=False,
-        seed_everything_default=False,
-        auto_configure_optimizers=False,
-        load_from_checkpoint_support=False,
-        args=[*args, "--trainer.default_root_dir", str(root)],
-    )
+    cli = build_cli([*args, "--trainer.default_root_dir", str(root)], run=False)
     config = cli.config.as_dict()
     for key in ("config", "__path__"):
         config.pop(key, None)

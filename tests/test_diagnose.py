@@ -1,0 +1,166 @@
+"""Replay diagnosis on planted spikes: a poisoned batch is data-caused, an LR jump is
+state-caused, noise from os.urandom in the original run only is not reproducible; and
+the default run's spike is state-caused (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from callbacks import LRScaler, SpikeDetector
+from lit_spikes.cli import main as cli_main
+from lit_spikes.data import DataConfig
+from lit_spikes.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
+from lit_spikes.training import checkpoint_path
+from tests.conftest import TINY_DATA, TINY_OPTIM, fit, load_ckpt
+
+N, K, EARLIER = 40, 20, 10
+ROOT = Path(__file__).resolve().parent.parent
+OPTIM = replace(TINY_OPTIM, max_steps=N)
+
+
+def original_run(root: Path, name: str, data: DataConfig, callbacks: list[Callback]) -> list[int]:
+    """The run to diagnose: a spike detector, checkpoints every 10 steps, TensorBoard
+    (where ``diagnose`` reads the original loss). Returns the flagged steps."""
+    detector = SpikeDetector(min_step=4)
+    fit(
+        root, name, N, optim=OPTIM, data=data, callbacks=[detector, *callbacks], checkpoint_every=10
+    )
+    return [int(s["step"]) for s in detector.spikes]
+
+
+class UrandomNoise(Callback):
+    """Adds noise drawn from os.urandom to every weight at one step: a fault no replay
+    can repeat (not even the same process: the seed is fresh entropy)."""
+
+    def __init__(self, step: int, scale: float = 0.5) -> None:
+        self.step, self.scale = step, scale
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step != self.step:
+            return
+        generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+        with torch.no_grad():
+            for parameter in pl_module.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * self.scale)
+
+
+def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
+    data = replace(TINY_DATA, poison=(28,))
+    assert original_run(tmp_path, "poison", data, [])[0] == 28
+    run_dir = tmp_path / "poison"
+    verdict = diagnose(
+        checkpoint_path(run_dir, K),
+        28,
+        data=data,
+        earlier_ckpt=checkpoint_path(run_dir, EARLIER),
+        log_root=tmp_path / "replays",
+    )
+    assert verdict.cause == "data-caused", verdict.evidence
+    same, other, earlier = verdict.same_data, verdict.other_data, verdict.earlier
+    assert other is not None and earlier is not None
+    assert verdict.original_loss is not None and verdict.original_loss > 4.0
+    assert same.bit_equal and same.loss_at_spike == verdict.original_loss  # to the last bit
+    assert 28 in same.flagged
+    assert other.skipped == (23, 54) and not other.spiked  # positions 28-5 .. 28+25
+    assert other.max_loss < 0.75 * same.max_loss
+    assert earlier.bit_equal and earlier.ckpt_step == EARLIER  # (c): the history repeats too
+    assert verdict.evidence[-1].startswith("Without the data around it the spike is gone")
+    assert (tmp_path / "replays" / "replay_other_data").is_dir()
+
+
+def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
+    jump = LRScaler(100.0, start_step=25)  # LR 0.01 -> 1.0 from step 25: spikes at 26
+    assert original_run(tmp_path, "lr", TINY_DATA, [jump])[0] == 26
+    ckpt = checkpoint_path(tmp_path / "lr", K)
+    rebuilt = callbacks_from_checkpoint(load_ckpt(ckpt))
+    assert [(type(cb).__name__, cb.state_dict()) for cb in rebuilt] == [
+        ("LRScaler", jump.state_dict())
+    ]
+    verdict = diagnose(ckpt, 26, data=TINY_DATA)  # callbacks=None: rebuilt from the file
+    assert verdict.cause == "state-caused", verdict.evidence
+    assert verdict.same_data.bit_equal and verdict.other_data is not None
+    assert verdict.other_data.spiked and verdict.other_data.skipped == (21, 52)
+    # Replayed without the LR jump the spike does not come back at all: the replay must
+    # train as the original did, which is why the callbacks are rebuilt from the file.
+    without = diagnose(ckpt, 26, data=TINY_DATA, callbacks=[])
+    assert without.cause == "not-reproducible"
+
+
+def test_urandom_noise_in_the_original_run_is_not_reproducible(tmp_path: Path) -> None:
+    spikes = original_run(tmp_path, "noise", TINY_DATA, [UrandomNoise(28)])
+    assert spikes and spikes[0] == 28
+    verdict = diagnose(checkpoint_path(tmp_path / "noise", K), 28, data=TINY_DATA)
+    assert verdict.cause == "not-reproducible", verdict.evidence
+    same = verdict.same_data
+    assert same.bit_equal is False and not same.spiked
+    assert verdict.original_loss is not None and same.loss_at_spike < 0.75 * verdict.original_loss
+    assert verdict.other_data is None and verdict.earlier is None
+
+
+def test_bad_arguments_name_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fit(tmp_path, "run", N, optim=OPTIM, checkpoint_every=10)
+    ckpt = checkpoint_path(tmp_path / "run", K)
+    with pytest.raises(ValueError, match=r"spike_step=15 must be after the checkpoint's step 20"):
+        diagnose(ckpt, 15)
+    with pytest.raises(ValueError, match=r"earlier_ckpt=.*step=30.ckpt is at step 30, not before"):
+        diagnose(ckpt, 25, earlier_ckpt=checkpoint_path(tmp_path / "run", 30))
+    with pytest.raises(ValueError, match=r"DiagnoseConfig.horizon=0 must be >= 1"):
+        DiagnoseConfig(horizon=0)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["diagnose", "--ckpt", str(ckpt), "--spike-step", "5"])
+    assert exit_info.value.code == 2
+    assert "spike_step=5 must be after the checkpoint's step 20" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["diagnose", "--help"])
+    assert exit_info.value.code == 0
+    assert "--earlier-ckpt" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_console_script_prints_the_verdict_and_exits_0(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "lit-spikes"
+    if not script.is_file():
+        pytest.skip(f"no console script next to {sys.executable} (not an installed venv)")
+    data = replace(TINY_DATA, poison=(28,))
+    original_run(tmp_path, "poison", data, [])
+    data_file = tmp_path / "data.json"
+    data_file.write_text(json.dumps({"data": asdict(data)}))
+    command = [str(script), "diagnose", "--ckpt", str(checkpoint_path(tmp_path / "poison", K))]
+    command += ["--spike-step", "28", "--data-config", str(data_file)]
+    command += ["--json", str(tmp_path / "verdict.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Verdict: data-caused" in done.stdout
+    saved = json.loads((tmp_path / "verdict.json").read_text())
+    assert saved["cause"] == "data-caused" and saved["same_data"]["bit_equal"] is True
+
+
+@pytest.mark.slow
+def test_the_default_spike_is_state_caused(tmp_path: Path) -> None:
+    """The README's spike (model seed 1, data seed 0, defaults): at step 150, diagnosed
+    from the reference's step-100 checkpoint. Demo 2 shows skipping data does not help
+    and halving the LR does; the replays say why: without that data it still spikes."""
+    from lit_spikes.branches import run_branch
+    from lit_spikes.demos import DemoSetup
+
+    setup = DemoSetup(log_root=tmp_path)
+    reference = setup.reference(max_steps=151, val_every=None, trainer_kwargs={})
+    run_branch(reference, tmp_path, progress_bar=False)
+    verdict = diagnose(setup.checkpoint(100), 150, config=DiagnoseConfig(horizon=10))
+    assert verdict.cause == "state-caused", verdict.evidence
+    assert verdict.same_data.bit_equal and 150 in verdict.same_data.flagged
+    assert verdict.other_data is not None and verdict.other_data.skipped == (145, 176)
+    assert verdict.other_data.spiked

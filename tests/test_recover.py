@@ -1,0 +1,486 @@
+"""The recovery loop (``lit-spikes recover``) on the tiny model with planted bad batches:
+detect, roll back to a real checkpoint, try remedies, accept one, train on; its ledger's
+counts against the runs it made; interrupted and restarted, it ends bit-equal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightning.pytorch.callbacks import Callback
+from rich.console import Console
+
+from callbacks import SpikeDetector
+from lit_spikes.checkpoints import load_checkpoint
+from lit_spikes.cli import main as cli_main
+from lit_spikes.recover import (
+    ACCEPTED_RUN,
+    HISTORY_NAME,
+    BranchRecord,
+    RecoverConfig,
+    RecoverResult,
+    RecoveryLoop,
+    read_history,
+    read_ledger,
+    recover,
+)
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, load_ckpt
+
+N = 60
+POISON = (28, 47)
+"""Two planted bad batches (random characters): the first spikes at step 28; after the
+first accepted skip window (6 positions) the second is trained at step 41."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_config(log_root: Path, **changes: Any) -> RecoverConfig:
+    config = RecoverConfig(
+        log_root=log_root,
+        gpt=TINY_GPT,
+        optim=replace(TINY_OPTIM, max_steps=N, warmup_steps=4),
+        data=replace(TINY_DATA, poison=POISON),
+        model_seed=0,
+        checkpoint_every=10,
+        val_every=20,
+        rollback_distance=5,
+        ladder=("scale_lr", "skip_data", "skip_step", "clip"),  # scale_lr first: it fails here
+        skip_before=2,
+        skip_length=6,
+        accept_margin=5,
+    )
+    return replace(config, **changes)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> RecoverResult:
+    console = Console(record=True, width=200)
+    result = recover(tiny_config(tmp_path_factory.mktemp("recover") / "full"), console)
+    text = console.export_text()
+    for heading in ("Spike recovery ledger", "rejected: spike at step 28", "Accepted lineage"):
+        assert heading in text, heading
+    return result
+
+
+def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "step" in r]
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ladder": ("skip_data", "pray")}, r"ladder=\('skip_data', 'pray'\)"),
+        ({"ladder": ("clip", "clip")}, r"ladder=\('clip', 'clip'\)"),
+        ({"ladder": ()}, r"ladder=\(\)"),
+        ({"lr_factor": 1.5}, r"lr_factor=1.5 must be in \(0, 1\)"),
+        ({"checkpoint_every": 0}, r"checkpoint_every=0 must be >= 1"),
+        ({"rollback_distance": -1}, r"rollback_distance=-1 must be >= 0"),
+        ({"clip_norm": 0.0}, r"clip_norm=0.0 must be > 0"),
+        ({"max_steps": 0}, r"max_steps=0 must be >= 1"),
+        ({"val_every": 25}, r"val_every=25 must be None or divide the run's 60 steps"),
+        ({"gpt": replace(TINY_GPT, block_size=64)}, r"gpt.block_size=64 and data.block_size=16"),
+    ],
+)
+def test_config_rejects_bad_values(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, **changes)
+
+
+def test_config_round_trips_through_json(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path)
+    again = RecoverConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+    with pytest.raises(ValueError, match=r"unknown RecoverConfig keys \['ladders'\]"):
+        RecoverConfig.from_dict({"ladders": ["clip"]})
+
+
+def test_cli_recover_help_and_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--ladder", "--rollback-distance", "--accept-margin", "--compare", "--fresh"):
+        assert option in out, option
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--lr-factor", "2"])
+    assert exit_info.value.code == 2
+    assert "lr_factor=2.0 must be in (0, 1)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ end to end
+
+
+@pytest.mark.slow
+def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
+    uninterrupted: RecoverResult,
+) -> None:
+    ledger, root = uninterrupted.ledger, Path(uninterrupted.ledger.config["log_root"])
+    assert ledger.status == "done"
+    first, second = ledger.interventions
+    # Each spike is found where the planted batch is trained ...
+    assert (first.spike["step"], first.spike["position"], first.spike["branch"]) == (28, 28, "base")
+    assert (second.spike["step"], second.spike["position"]) == (41, 47)
+    assert second.spike["branch"] == "spike1/skip_data"  # ... the second in the accepted branch
+    # ... rolled back to a real checkpoint at least 5 steps before it, in the lineage's runs
+    for intervention, owner in ((first, "base"), (second, "spike1/skip_data")):
+        assert intervention.ckpt_path == str(
+            root / owner / "checkpoints" / f"step={intervention.ckpt_step}.ckpt"
+        )
+        assert load_checkpoint(intervention.ckpt_path)["global_step"] == intervention.ckpt_step
+    assert (first.ckpt_step, second.ckpt_step) == (20, 30)
+    # ... where scaling the LR fails (random characters spike at any LR) and skipping works.
+    assert first.tried == ["spike1/scale_lr", "spike1/skip_data"]
+    assert second.tried == ["spike2/scale_lr", "spike2/skip_data"]
+    for intervention in (first, second):
+        rejected, accepted = intervention.tried
+        assert intervention.outcomes[rejected].startswith(
+            f"rejected: spike at step {intervention.spike['step']}"
+        )
+        assert intervention.outcomes[accepted].startswith("accepted")
+        assert (intervention.status, intervention.accepted) == ("accepted", accepted)
+        for name in intervention.tried:  # every branch resumed from that very file
+            records = steps_of(read_history(root / name / HISTORY_NAME))
+            assert records[0]["step"] == intervention.ckpt_step
+            assert ledger.branch(name).ckpt_path == intervention.ckpt_path
+    assert ledger.branch("spike2/skip_data").remedies == [
+        {"kind": "skip_data", "ranges": [[26, 32]]},  # the accepted remedy stays on
+        {"kind": "skip_data", "ranges": [[45, 51]]},
+    ]
+    # The finished run: every step once, no spike left, no planted batch trained on.
+    totals = ledger.totals
+    assert totals is not None
+    assert totals.lineage == ["base", "spike1/skip_data", "spike2/skip_data"]
+    assert totals.unrecovered == []
+    lineage = steps_of(uninterrupted.lineage)
+    assert [r["step"] for r in lineage] == list(range(N))
+    positions = [int(r["position"]) for r in lineage]
+    assert not set(positions) & {*POISON, *range(26, 32), *range(45, 51)}
+    detector = SpikeDetector(min_step=4)
+    for record in lineage:
+        detector.check(int(record["step"]), record)
+    assert detector.spikes == []
+    final = load_checkpoint(uninterrupted.final_ckpt)
+    assert final["global_step"] == N
+    assert uninterrupted.final_ckpt == root / "spike2/skip_data/checkpoints" / f"step={N}.ckpt"
+    # The ledger's counts are those of the runs it made.
+    main = [b for b in ledger.branches if b.kind != "compare"]
+    trained = {b.name: len(steps_of(read_history(root / b.name / HISTORY_NAME))) for b in main}
+    assert {b.name: b.steps_trained for b in main} == trained
+    assert trained == {
+        "base": 29,  # steps 0-28, stopped at the spike
+        "spike1/scale_lr": 9,  # 20-28
+        "spike1/skip_data": 22,  # 20-41
+        "spike2/scale_lr": 12,  # 30-41
+        "spike2/skip_data": 30,  # 30-59
+    }
+    assert totals.steps_trained == sum(trained.values()) == 102
+    assert totals.steps_final == N
+    assert totals.steps_recomputed == totals.steps_trained - N == 42
+    assert totals.steps_recomputed == sum(
+        i.steps_rolled_back + sum(ledger.branch(n).steps_trained for n in i.tried[:-1])
+        for i in ledger.interventions
+    )
+    assert totals.batches_skipped == positions[-1] - (N - 1) == 12
+    assert ledger.branch("spike1/skip_data").batches_skipped == 6
+    assert totals.steps_repeated == 0 and ledger.sessions == 1
+    assert read_ledger(root).to_dict() == ledger.to_dict()  # the file is the whole story
+
+
+def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+@pytest.mark.slow
+def test_tensorboard_has_every_branch_and_the_stitched_lineage(
+    uninterrupted: RecoverResult,
+) -> None:
+    root = Path(uninterrupted.ledger.config["log_root"])
+    runs = sorted(str(p.parent.relative_to(root)) for p in root.glob("**/events.out.tfevents.*"))
+    assert runs == [
+        ACCEPTED_RUN,
+        "base",
+        "spike1/scale_lr",
+        "spike1/skip_data",
+        "spike2/scale_lr",
+        "spike2/skip_data",
+    ]
+    starts = {"base": 0, "spike1/scale_lr": 20, "spike1/skip_data": 20, "spike2/scale_lr": 30}
+    for name, first in starts.items():  # each on the shared step axis, from its checkpoint
+        assert _scalars(root / name)["train/loss"][0][0] == first, name
+    stitched = _scalars(root / ACCEPTED_RUN)
+    lineage = steps_of(uninterrupted.lineage)
+    assert stitched["train/loss"] == [(r["step"], r["loss"]) for r in lineage]  # float32 both
+    assert [s for s, _ in stitched["data/position"]] == list(range(N))
+    assert [s for s, _ in stitched["val/bpc"]] == [19, 39, 59]
+    assert stitched["val/bpc"][-1][1] == pytest.approx(uninterrupted.val_bpc, rel=1e-6)
+
+
+class Crash(Callback):
+    """Raises at the start of global step ``step``: a crash in the middle of a branch."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"injected crash at step {self.step}")
+
+
+def assert_same_outcome(result: RecoverResult, reference: RecoverResult) -> None:
+    """Same decisions, same counts, same lineage losses, bit-equal final state."""
+    for got, want in zip(result.ledger.interventions, reference.ledger.interventions, strict=True):
+        assert (got.spike["step"], got.ckpt_step, got.tried, got.accepted, got.outcomes) == (
+            want.spike["step"],
+            want.ckpt_step,
+            want.tried,
+            want.accepted,
+            want.outcomes,
+        )
+    got_totals, want_totals = result.ledger.totals, reference.ledger.totals
+    assert got_totals is not None and want_totals is not None
+    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val_bpc"):
+        assert getattr(got_totals, name) == getattr(want_totals, name), name
+    assert [(r["step"], r["loss"]) for r in steps_of(result.lineage)] == [
+        (r["step"], r["loss"]) for r in steps_of(reference.lineage)
+    ]
+    assert_states_equal(load_ckpt(result.final_ckpt), load_ckpt(reference.final_ckpt))
+
+
+@pytest.mark.slow
+def test_a_crash_mid_branch_continues_from_the_ledger(
+    tmp_path: Path, uninterrupted: RecoverResult
+) -> None:
+    config = tiny_config(tmp_path / "crash")
+
+    def crash(record: BranchRecord) -> list[Callback]:
+        return [Crash(45)] if record.name == "spike2/skip_data" else []
+
+    with pytest.raises(RuntimeError, match="injected crash at step 45"):
+        recover(config, extra_callbacks=crash)
+    ledger = read_ledger(config.log_root)
+    assert ledger.status == "running"
+    assert ledger.branch("spike2/skip_data").status == "running"
+    assert ledger.interventions[1].status == "open"  # it would be accepted at step 46
+    result = recover(config)  # the same arguments: continue
+    assert_same_outcome(result, uninterrupted)
+    ledger = result.ledger
+    assert ledger.sessions == 2
+    branch = ledger.branch("spike2/skip_data")
+    assert branch.restarts == 1 and branch.steps_repeated == 5  # steps 40-44, from step=40
+    starts = [
+        (e["event"], e.get("branch"), e.get("from_step"))
+        for e in ledger.events
+        if e["event"] in ("branch_start", "branch_resume")
+    ]
+    assert starts[-1] == ("branch_resume", "spike2/skip_data", 40)
+    assert len(starts) == 6  # five branches started once, one resumed: nothing else re-ran
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_point_of_the_cli_and_restart_ends_bit_equal(
+    tmp_path: Path, uninterrupted: RecoverResult
+) -> None:
+    config = tiny_config(tmp_path / "killed")
+    spec = config.to_dict()
+    spec.pop("log_root")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "lit_spikes.cli", "recover"]
+    command += ["--config", str(config_file), "--log-root", str(config.log_root)]
+    child = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ledger_file = config.log_root / "ledger.json"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # kill once the first remedy has been rejected
+            if ledger_file.is_file() and '"event": "rejected"' in ledger_file.read_text():
+                break
+            if child.poll() is not None:
+                pytest.fail(f"recover exited with {child.returncode} before it was killed")
+            time.sleep(0.01)
+        else:
+            pytest.fail("the first remedy was never rejected")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    killed = read_ledger(config.log_root)
+    assert killed.status == "running"
+    result = recover(config)
+    assert result.ledger.sessions == 2
+    assert_same_outcome(result, uninterrupted)
+
+
+class SignalSelf(Callback):
+    """Sends its own process ``signum`` at the start of global step ``step``."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def _signalled_worker(log_root: str, signal_name: str) -> None:
+    """Body of ``python -m tests.test_recover <log_root> <SIGNAL>``: ``lit-spikes recover``
+    on the tiny config, sent the signal at step 35 of its third branch (after that
+    branch's step-30 checkpoint and its acceptance at step 33). SIGKILL: no handler, no
+    cleanup, no last ledger write, as when a node dies. SIGINT (Ctrl-C): the branch
+    writes a checkpoint, the command exits with 130."""
+    import functools
+
+    import lit_spikes.recover as recover_module
+
+    signum = signal.Signals[signal_name]
+
+    def send(record: BranchRecord) -> list[Callback]:
+        return [SignalSelf(35, signum)] if record.name == "spike1/skip_data" else []
+
+    config = tiny_config(Path(log_root))
+    spec = config.to_dict()
+    spec.pop("log_root")
+    config_file = Path(log_root).with_suffix(".json")
+    config_file.write_text(json.dumps(spec))
+    recover_module.recover = functools.partial(recover_module.recover, extra_callbacks=send)
+    recover_module.main(["--config", str(config_file), "--log-root", log_root])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signal_name", "returncode", "resume_step"),
+    [("SIGKILL", -signal.SIGKILL, 30), ("SIGINT", 128 + signal.SIGINT, 36)],
+)
+def test_a_signal_mid_branch_resumes_it_from_its_own_checkpoint(
+    tmp_path: Path,
+    uninterrupted: RecoverResult,
+    signal_name: str,
+    returncode: int,
+    resume_step: int,
+) -> None:
+    config = tiny_config(tmp_path / signal_name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "tests.test_recover", str(config.log_root), signal_name]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=120)
+    assert done.returncode == returncode, done.stderr.decode()[-2000:]
+    killed = read_ledger(config.log_root)
+    branch = killed.branch("spike1/skip_data")
+    assert (branch.status, branch.accepted_at) == ("running", 33)
+    history = steps_of(read_history(config.log_root / branch.name / HISTORY_NAME))
+    assert [r["step"] for r in history] == list(range(20, 36 if signal_name == "SIGINT" else 35))
+    if signal_name == "SIGINT":  # Ctrl-C: the step-36 checkpoint is written, then the exit
+        assert killed.events[-1]["event"] == "interrupted"
+        assert (config.log_root / branch.name / "checkpoints" / "step=36.ckpt").is_file()
+    result = recover(config)  # the same arguments: continue
+    assert_same_outcome(result, uninterrupted)
+    branch = result.ledger.branch("spike1/skip_data")
+    repeated = 35 - resume_step if signal_name == "SIGKILL" else 0  # SIGINT loses nothing
+    assert (branch.restarts, branch.steps_repeated, branch.steps_trained) == (1, repeated, 22)
+    resumed = [e for e in result.ledger.events if e["event"] == "branch_resume"]
+    assert [(e["branch"], e["from_step"]) for e in resumed] == [("spike1/skip_data", resume_step)]
+
+
+def test_restart_with_other_arguments_is_refused(
+    tmp_path: Path, uninterrupted: RecoverResult
+) -> None:
+    root = Path(uninterrupted.ledger.config["log_root"])
+    before = (root / "ledger.json").read_text()
+    with pytest.raises(ValueError, match=r"lr_factor: ledger 0.5, now 0.25.*--fresh"):
+        RecoveryLoop(replace(tiny_config(root), lr_factor=0.25))
+    assert (root / "ledger.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_skip_step_absorbs_a_bad_batch(tmp_path: Path) -> None:
+    config = tiny_config(
+        tmp_path / "skip_step",
+        optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+        data=replace(TINY_DATA, poison=(28,)),
+        ladder=("skip_step",),
+        skip_step_window=10,
+    )
+    result = recover(config)
+    (intervention,) = result.ledger.interventions
+    assert intervention.accepted == "spike1/skip_step"
+    branch = result.ledger.branch("spike1/skip_step")
+    assert branch.skip_stepped == [28]
+    assert [s["step"] for s in branch.absorbed] == [28]  # flagged, but never in the weights
+    totals = result.ledger.totals
+    assert totals is not None
+    assert totals.skip_stepped == [28] and totals.unrecovered == []
+    assert totals.batches_skipped == 0
+    assert 28 in [r["position"] for r in steps_of(result.lineage)]
+
+
+@pytest.mark.slow
+def test_an_exhausted_ladder_gives_up_and_trains_on(tmp_path: Path) -> None:
+    config = tiny_config(
+        tmp_path / "give_up",
+        optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+        data=replace(TINY_DATA, poison=(28,)),
+        ladder=("clip",),  # clipping cannot make random characters predictable
+    )
+    result = recover(config)
+    (intervention,) = result.ledger.interventions
+    assert intervention.status == "gave_up"
+    assert intervention.reason == "every remedy of the ladder spiked"
+    assert intervention.outcomes["spike1/clip"].startswith("rejected: spike at step 28")
+    cont = result.ledger.branch("spike1/continue")
+    assert (cont.kind, cont.gate, cont.start_step, cont.parent) == ("continue", "log", 20, "base")
+    totals = result.ledger.totals
+    assert totals is not None
+    assert totals.lineage == ["base", "spike1/continue"]
+    assert [s["step"] for s in totals.unrecovered] == [28]
+    assert totals.steps_trained == 29 + 9 + 20 and totals.steps_recomputed == 18
+    assert load_checkpoint(result.final_ckpt)["global_step"] == 40
+
+
+if __name__ == "__main__":
+    _signalled_worker(sys.argv[1], sys.argv[2])
+
+
+@pytest.mark.slow
+def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
+    config = tiny_config(
+        tmp_path / "compare",
+        optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+        data=replace(TINY_DATA, poison=(28,)),
+        ladder=("skip_data",),
+        compare=True,
+    )
+    console = Console(record=True, width=200)
+    result = recover(config, console)
+    assert "What the loop bought" in console.export_text()
+    rows = {row["run"]: row for row in result.ledger.comparison}
+    recovered = rows["recovered (accepted lineage)"]
+    nothing = rows["do nothing (continue through the spike)"]
+    qk = rows["QK-norm at the same LR (from scratch)"]
+    assert (recovered["spikes"], nothing["spikes"]) == (0, 1)  # the planted batch, once
+    assert recovered["val_bpc"] == result.val_bpc
+    assert all(row["val_bpc"] is not None for row in (nothing, qk))
+    do_nothing = result.ledger.branch("compare/do_nothing")
+    assert (do_nothing.parent, do_nothing.start_step, do_nothing.gate) == ("base", 20, "log")
+    qk_branch = result.ledger.branch("compare/qk_norm")
+    assert (qk_branch.parent, qk_branch.gpt_changes) == (None, {"qk_norm": True})
+    final = load_checkpoint(config.log_root / "compare/qk_norm/checkpoints/step=40.ckpt")
+    assert final["hyper_parameters"]["gpt"]["qk_norm"] is True
+    assert result.ledger.totals is not None
+    assert result.ledger.totals.lineage == ["base", "spike1/skip_data"]  # rows stay out of it

@@ -1,0 +1,227 @@
+"""SkipStep (OLMo-core's skip-step): arguments, decisions, a skipped update changes nothing,
+and a resumed run decides exactly as the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from callbacks import SkipStep
+from lit_spikes.training import checkpoint_path
+from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+
+REPO = Path(__file__).resolve().parent.parent
+
+N, POISON, K = 40, 28, 20
+OPTIM = replace(TINY_OPTIM, max_steps=N)
+DATA = replace(TINY_DATA, poison=(POISON,))
+"""The tiny run of the other tests, with a batch of random characters planted at step 28:
+its loss jumps from about 2.7 to 4.8 (model seed 0)."""
+
+
+def skip_step(**changes: Any) -> SkipStep:
+    kwargs: dict[str, Any] = {"window": 16, "sigma": 6.0, "warmup": 10}
+    kwargs.update(changes)
+    return SkipStep(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metric": "max_logit"}, r"metric='max_logit' must be one of \('loss', 'grad_norm'\)"),
+        ({"window": 1}, r"window=1 must be an integer >= 2"),
+        ({"sigma": 0.0}, r"sigma=0.0 must be a finite number > 0"),
+        ({"sigma": float("inf")}, r"sigma=inf must be a finite number > 0"),
+        ({"window": 10, "warmup": 11}, r"warmup=11 must be an integer in \[2, window=10\]"),
+        ({"warmup": 1}, r"warmup=1 must be an integer in \[2, window=128\]"),
+        ({"start_step": -1}, r"start_step=-1 must be an integer >= 0"),
+        ({"initial": [1.0, float("nan")]}, r"initial=\[nan\]: every initial value must be finite"),
+    ],
+)
+def test_skip_step_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SkipStep(**kwargs)
+
+
+def test_decisions_follow_mean_plus_k_sigma_of_the_window() -> None:
+    skip = SkipStep(window=8, sigma=3.0, warmup=4, initial=[2.0, 2.1, 1.9])
+    assert skip.threshold() is None  # 3 values < warmup 4
+    assert not skip.decide(0, 2.05)
+    limit = skip.threshold()
+    assert limit is not None and 2.1 < limit < 2.5
+    assert skip.decide(1, 5.0)  # an outlier: skipped
+    assert not skip.decide(2, float("nan"))  # left to the module, and kept out of the window
+    assert list(skip.values) == [2.0, 2.1, 1.9, 2.05, 5.0]  # skipped values enter it too
+    late = SkipStep(window=8, sigma=3.0, warmup=4, start_step=10, initial=[2.0, 2.1, 1.9, 2.0])
+    assert not late.decide(9, 50.0) and late.decide(10, 500.0)
+    assert late.skipped_steps == [10]
+
+
+def test_a_skipped_step_leaves_weights_and_adamw_state_unchanged(tmp_path: Path) -> None:
+    skip = skip_step()
+    run = fit(
+        tmp_path,
+        "skip",
+        POISON + 2,
+        optim=OPTIM,
+        data=DATA,
+        callbacks=[skip],
+        checkpoint_every=1,
+    )
+    assert skip.skipped_steps == [POISON]
+    record = run.module.history[POISON]
+    assert record["step"] == POISON and record["skipped"] == 1.0
+    assert record["grad_norm"] > 0  # the norm measured before the drop, not the 0 after it
+    before = load_ckpt(checkpoint_path(run.spec.run_dir, POISON))
+    after = load_ckpt(checkpoint_path(run.spec.run_dir, POISON + 1))
+    for key, value in before["state_dict"].items():
+        assert torch.equal(value, after["state_dict"][key]), f"{key} moved in a skipped step"
+    state_before = before["optimizer_states"][0]["state"]
+    state_after = after["optimizer_states"][0]["state"]
+    for index, tensors in state_before.items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(tensors[name], state_after[index][name]), f"{name} of {index}"
+    # ... while the step counter and the schedule went on, and the next step trains again
+    assert after["global_step"] == before["global_step"] + 1
+    assert after["lr_schedulers"][0]["last_epoch"] == before["lr_schedulers"][0]["last_epoch"] + 1
+    later = load_ckpt(checkpoint_path(run.spec.run_dir, POISON + 2))
+    assert any(
+        not torch.equal(value, later["state_dict"][key])
+        for key, value in after["state_dict"].items()
+    )
+    # Without SkipStep the same step moves the weights.
+    plain = fit(tmp_path, "plain", POISON + 1, optim=OPTIM, data=DATA, checkpoint_every=1)
+    moved = load_ckpt(checkpoint_path(plain.spec.run_dir, POISON + 1))
+    assert any(
+        not torch.equal(value, moved["state_dict"][key])
+        for key, value in before["state_dict"].items()
+    )
+
+
+class FreshSkipStep(SkipStep):
+    """Another state key, so a checkpoint's SkipStep state is never loaded into it: the
+    negative control of the resume test (its window starts empty at the resume step)."""
+
+
+def test_resumed_skip_step_run_equals_its_uninterrupted_twin(tmp_path: Path) -> None:
+    full_skip = skip_step()
+    full = fit(
+        tmp_path, "full", N, optim=OPTIM, data=DATA, callbacks=[full_skip], checkpoint_every=K
+    )
+    assert full_skip.skipped_steps == [POISON]  # K=20 < 28: the window decides after resume
+    resumed_skip = skip_step()
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        optim=OPTIM,
+        data=DATA,
+        callbacks=[resumed_skip],
+        checkpoint_every=K,
+        ckpt_path=checkpoint_path(full.spec.run_dir, K),
+    )
+    assert resumed_skip.skipped_steps == [POISON]
+    assert list(resumed_skip.values) == list(full_skip.values)
+    assert_states_equal(
+        load_ckpt(checkpoint_path(full.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+    full_losses = full.losses
+    assert all(full_losses[step] == loss for step, loss in resumed.losses.items())
+    # Negative control: the same callback without its restored window (8 values < warmup
+    # 10 at step 28) lets the poisoned update through, and the weights end elsewhere.
+    fresh_skip = FreshSkipStep(window=16, sigma=6.0, warmup=10)
+    fresh = fit(
+        tmp_path,
+        "fresh",
+        N,
+        optim=OPTIM,
+        data=DATA,
+        callbacks=[fresh_skip],
+        ckpt_path=checkpoint_path(full.spec.run_dir, K),
+    )
+    assert fresh_skip.skipped_steps == []
+    assert any(
+        not torch.equal(value, fresh.module.state_dict()[key])
+        for key, value in full.module.state_dict().items()
+    )
+
+
+# ------------------------------------------------------------------ under DDP
+
+
+def _ddp_worker(root: str) -> None:
+    """Body of ``python -m tests.test_skip_step <root>``, run by both ranks: the poisoned
+    batch of step 28 lands in rank 0's rows only (``poison_rows="first_half"``)."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    skip = skip_step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = fit(
+            Path(root),
+            "ddp",
+            POISON + 2,
+            optim=OPTIM,
+            data=replace(DATA, poison_rows="first_half"),
+            callbacks=[skip],
+            checkpoint_every=1,
+            devices=2,
+            strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        )
+    rank = run.trainer.global_rank
+    torch.save(
+        {k: v.detach().clone() for k, v in run.module.state_dict().items()},
+        Path(root) / f"weights.rank{rank}.pt",
+    )
+    report = {"skipped": skip.skipped_steps, "losses": run.losses, "values": list(skip.values)}
+    (Path(root) / f"report.rank{rank}.json").write_text(json.dumps(report))
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_skips_the_same_step(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
+    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
+    env = {k: v for k, v in env.items() if k not in launcher and not k.startswith("SLURM_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.test_skip_step", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    reports = [tmp_path / f"report.rank{rank}.json" for rank in (0, 1)]
+    assert done.returncode == 0 and all(p.exists() for p in reports), done.stderr[-4000:]
+    rank0, rank1 = (json.loads(p.read_text()) for p in reports)
+    # Only rank 0 saw the bad rows, yet both judged the global loss and skipped step 28.
+    assert rank0["losses"][str(POISON)] > 1.3 * rank1["losses"][str(POISON)]
+    assert rank0["skipped"] == rank1["skipped"] == [POISON]
+    assert rank0["values"] == rank1["values"]  # the same window, bit for bit
+    weights = [torch.load(tmp_path / f"weights.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), f"{key} differs between the ranks"
+    before = load_ckpt(checkpoint_path(tmp_path / "ddp", POISON))
+    after = load_ckpt(checkpoint_path(tmp_path / "ddp", POISON + 1))
+    for key, value in before["state_dict"].items():
+        assert torch.equal(value, after["state_dict"][key]), f"{key} moved in a skipped step"
+    state_before = before["optimizer_states"][0]["state"]
+    state_after = after["optimizer_states"][0]["state"]
+    for index, tensors in state_before.items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(tensors[name], state_after[index][name]), f"{name} of {index}"
+
+
+if __name__ == "__main__":
+    _ddp_worker(sys.argv[1])
