@@ -484,3 +484,29 @@ def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
     assert final["hyper_parameters"]["gpt"]["qk_norm"] is True
     assert result.ledger.totals is not None
     assert result.ledger.totals.lineage == ["base", "spike1/skip_data"]  # rows stay out of it
+
+
+@pytest.mark.slow
+def test_recover_on_the_default_reference_config(tmp_path: Path) -> None:
+    """The issue's end-to-end claim at full size: the default run's spike is found, the loop
+    rolls back to a real checkpoint, accepts a remedy, ends with no unrecovered spike and
+    better validation bits/char than doing nothing; the ledger's counts are its runs'."""
+    result = recover(RecoverConfig(log_root=tmp_path / "recover", compare=True))
+    ledger, root = result.ledger, tmp_path / "recover"
+    assert ledger.status == "done" and ledger.totals is not None
+    (intervention,) = ledger.interventions
+    assert intervention.spike["branch"] == "base" and intervention.spike["step"] > 100
+    assert load_checkpoint(intervention.ckpt_path)["global_step"] == intervention.ckpt_step
+    assert intervention.ckpt_step <= intervention.spike["step"] - 20
+    assert intervention.status == "accepted" and intervention.accepted in intervention.tried
+    assert ledger.totals.unrecovered == []
+    lineage = steps_of(result.lineage)
+    assert [r["step"] for r in lineage] == list(range(400))
+    rows = {row["run"]: row for row in ledger.comparison}
+    assert result.val_bpc is not None
+    assert result.val_bpc < rows["do nothing (continue through the spike)"]["val_bpc"] - 0.1
+    main = [b for b in ledger.branches if b.kind != "compare"]
+    trained = {b.name: len(steps_of(read_history(root / b.name / HISTORY_NAME))) for b in main}
+    assert ledger.totals.steps_trained == sum(trained.values())
+    assert ledger.totals.steps_recomputed == ledger.totals.steps_trained - 400
+    assert ledger.totals.batches_skipped == int(lineage[-1]["position"]) - 399
