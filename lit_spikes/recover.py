@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import yaml
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 from rich.markup import escape
@@ -1374,7 +1375,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--log-root", type=Path, default=defaults.log_root, help="runs, ledger, stitched run")
-    add("--config", type=Path, help="JSON file of RecoverConfig fields (flags override it)")
+    add(
+        "--config",
+        type=Path,
+        help="YAML (or JSON) file of RecoverConfig fields, e.g. configs/recover.yaml "
+        "(flags override it)",
+    )
     add("--steps", type=int, help="global step to train to (default: the schedule's end)")
     add("--model-seed", type=int, help=f"default {defaults.model_seed}")
     add("--data-seed", type=int, help=f"default {defaults.data.seed}")
@@ -1409,7 +1415,8 @@ def config_from_args(args: argparse.Namespace) -> RecoverConfig:
         ValueError: a bad value (named by the dataclass that refuses it).
         OSError: an unreadable ``--config`` file.
     """
-    data: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    # YAML (configs/recover.yaml); JSON is YAML too.
+    data: dict[str, Any] = yaml.safe_load(args.config.read_text()) or {} if args.config else {}
     data["log_root"] = str(args.log_root)
     flat = {
         "max_steps": args.steps,

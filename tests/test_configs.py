@@ -16,7 +16,9 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes.cli import build_cli, main
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+RECOVER = CONFIG_DIR / "recover.yaml"
+"""The one config for `lit-spikes recover` (RecoverConfig fields); the others are `fit`'s."""
+CONFIGS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p != RECOVER)
 EXPECTED = {"reference", "halve_lr", "clipping", "skip_data", "qk_norm"}
 
 TINY_OVERRIDES = [
@@ -143,3 +145,34 @@ def test_remedy_is_the_reference_plus_one_change(name: str) -> None:
             value = [detector if v == "callbacks.SpikeDetector" else v for v in value]
         expected[key] = value
     assert remedy == expected
+
+
+def test_recover_config_runs_through_the_recover_command(tmp_path: Path) -> None:
+    """configs/recover.yaml parses into the default RecoverConfig (plus the comparison rows)
+    and runs: shrunk to a few steps by the command's own flags."""
+    import yaml
+
+    from lit_spikes.recover import RecoverConfig
+
+    raw = yaml.safe_load(RECOVER.read_text())
+    expected = RecoverConfig(compare=True).to_dict()
+    expected.pop("log_root")
+    assert raw == expected
+    result = main(
+        [
+            "recover",
+            "--config",
+            str(RECOVER),
+            "--log-root",
+            str(tmp_path),
+            "--steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--val-every",
+            "6",
+            "--fresh",
+        ]
+    )
+    assert result is not None and result.ledger.status == "done"
+    assert [int(r["step"]) for r in result.lineage if "loss" in r] == list(range(6))
