@@ -12,12 +12,14 @@ The defaults reproduce the seed's setup (4 layers, peak LR 0.1, batch 16, 400 st
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
@@ -146,7 +148,22 @@ class LitSpikesCLI(LightningCLI):
         return self._instantiate_trainer(trainer_config, callbacks)
 
 
+DESCRIPTION = """lit-spikes: train a tiny GPT that resumes bit-exactly and survives loss spikes.
+
+Commands:
+  fit       train (LightningCLI: --model.*, --data.*, --trainer.*, --config, --ckpt_path,
+            --checkpoint_every); also validate, test, predict
+  recover   train with automatic spike recovery (lit-spikes recover --help)
+  diagnose  replay a spike from a checkpoint: data-caused, state-caused or not
+            reproducible (lit-spikes diagnose --help)"""
+
 COMMANDS = {"recover": "lit_spikes.recover", "diagnose": "lit_spikes.diagnose"}
+
+
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the description's line breaks kept."""
+
+
 """Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
 
 
@@ -183,6 +200,9 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
         auto_configure_optimizers=False,
         load_from_checkpoint_support=False,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": DESCRIPTION, "formatter_class": _HelpFormatter}
+        if run
+        else None,
         args=args,
         run=run,
     )

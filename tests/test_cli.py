@@ -87,3 +87,12 @@ def test_console_script_exits_zero(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "LitSpikesCLI object" not in result.stdout + result.stderr
+
+
+def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("fit", "recover", "diagnose"):
+        assert f"\n  {command} " in out, command
