@@ -6,8 +6,9 @@ import os
 import pickle
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.fabric.utilities.types import _PATH
@@ -81,21 +82,21 @@ TEMP_MARKER = ".tmp-"
 """Part of the name of a checkpoint being written; never matches ``*.ckpt``."""
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """Write ``obj`` so that ``path`` holds either the old file or the whole new one.
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file so that ``path`` holds either the old file or the whole new one.
 
-    The bytes go to a temporary file in the same directory (a rename across filesystems
-    is not atomic), are flushed and fsynced, then ``os.replace`` puts the file in place
-    and the directory is fsynced so the rename itself survives a power cut. A process
-    killed at any moment leaves at most a ``.<name>.tmp-<pid>`` file, which no glob for
-    ``*.ckpt`` matches and ``remove_leftovers`` deletes.
+    ``write`` fills a temporary file in the same directory (a rename across filesystems
+    is not atomic), which is flushed and fsynced; ``os.replace`` puts it in place and the
+    directory is fsynced so the rename itself survives a power cut. A process killed at
+    any moment leaves at most a ``.<name>.tmp-<pid>`` file, which no glob for ``*.ckpt``
+    matches and ``remove_leftovers`` deletes.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}")
     try:
         with open(temp, "wb") as handle:
-            torch.save(obj, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
@@ -107,6 +108,11 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` through ``atomic_write``: never a partial file under ``path``."""
+    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def remove_leftovers(directory: str | Path) -> list[Path]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import signal
 import time
@@ -59,7 +58,7 @@ from typing_extensions import override
 from callbacks import BatchSkipper, LRScaler, PreemptionCheckpoint, SkipStep, SpikeDetector
 from callbacks._common import module_history, trainer_callbacks
 from callbacks.rollback import RollbackRestore
-from lit_spikes.checkpoints import newest_valid_checkpoint
+from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
@@ -412,22 +411,7 @@ class Ledger:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` so ``path`` holds the old file or the whole new one, durably."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def read_ledger(log_root: str | Path) -> Ledger:
