@@ -63,6 +63,11 @@ class RunSpec:
     """Global step of the checkpoint this run resumes from: TensorBoard drops whatever an
     earlier run logged into the same directory from that step on (``purge_step``)."""
 
+    def __post_init__(self) -> None:
+        self.log_root = Path(self.log_root)  # a str is fine too
+        if self.max_steps < 1:
+            raise ValueError(f"RunSpec.max_steps={self.max_steps} must be >= 1")
+
     @property
     def run_dir(self) -> Path:
         return self.log_root / self.name
