@@ -3,6 +3,7 @@ well under a second per run, with the same code path as the demos."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -101,6 +102,19 @@ def fit(
         trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return Run(module, datamodule, spec, trainer)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ddp_env() -> dict[str, str]:
+    """Environment for a test that launches DDP processes itself: one thread each, the repo
+    importable, and none of a surrounding launcher's variables (SLURM, torchrun), which
+    Lightning would follow instead of starting a fresh group on this machine."""
+    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
+    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
+    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def _resume_step(ckpt_path: str | Path | None) -> int | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lit_spikes.cli import main
+from tests.conftest import TINY_CLI
 
 
 def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,24 +60,9 @@ def test_console_script_exits_zero(tmp_path: Path) -> None:
     script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
     tiny = [
         "fit",
-        "--model.gpt.n_layer",
-        "1",
-        "--model.gpt.d_model",
-        "16",
-        "--model.gpt.n_head",
-        "2",
-        "--model.gpt.block_size",
-        "16",
-        "--data.config.block_size",
-        "16",
-        "--data.config.batch_size",
-        "4",
-        "--data.config.world.num_chars",
-        "20000",
+        *TINY_CLI,
         "--trainer.max_steps",
         "2",
-        "--trainer.limit_val_batches",
-        "0",
         "--trainer.default_root_dir",
         str(tmp_path),
         "--checkpoint_every",

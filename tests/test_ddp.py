@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -32,9 +31,17 @@ from callbacks import BatchSkipper, LRScaler, SpikeDetector
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import RunSpec, checkpoint_path
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+from tests.conftest import (
+    REPO,
+    TINY_DATA,
+    TINY_GPT,
+    TINY_OPTIM,
+    assert_states_equal,
+    ddp_env,
+    fit,
+    load_ckpt,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
 N, K, EVERY = 20, 10, 5
 DROPOUT = {"dropout": 0.1}
@@ -142,12 +149,7 @@ def run_ddp(tmp: Path, name: str, max_steps: int, **spec: Any) -> list[dict[str,
         spec["ckpt_path"] = str(spec["ckpt_path"])
     spec_path = tmp / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    # A fresh group on this machine (Lightning picks a free port), even when the tests run
-    # inside a SLURM job or under torchrun, whose variables Lightning would follow.
-    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
-    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
-    env = {k: v for k, v in env.items() if k not in launcher and not k.startswith("SLURM_")}
+    env = ddp_env()
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "tests.test_ddp", str(spec_path)],

@@ -162,19 +162,15 @@ def test_tensorboard_hparams_layout_and_tables(
 def test_main_job_under_ddp_with_two_processes(tmp_path: Path) -> None:
     """`--devices 2 --strategy ddp`: every run spans 2 gloo processes, the runs go in
     sequence, Lightning re-runs the script for rank 1, and only rank 0 writes results."""
-    import os
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parent.parent
-    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
-    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
-    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    from tests.conftest import REPO, ddp_env
+
     result = subprocess.run(
         [sys.executable, "-m", "tests.ddp_main_job", str(tmp_path)],
-        cwd=repo,
-        env=env,
+        cwd=REPO,
+        env=ddp_env(),
         capture_output=True,
         text=True,
         timeout=300,

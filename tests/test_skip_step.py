@@ -4,7 +4,6 @@ and a resumed run decides exactly as the uninterrupted one."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -18,9 +17,7 @@ import torch
 
 from callbacks import SkipStep
 from lit_spikes.training import checkpoint_path
-from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, TINY_DATA, TINY_OPTIM, assert_states_equal, ddp_env, fit, load_ckpt
 
 N, POISON, K = 40, 28, 20
 OPTIM = replace(TINY_OPTIM, max_steps=N)
@@ -190,10 +187,7 @@ def _ddp_worker(root: str) -> None:
 
 @pytest.mark.slow
 def test_under_ddp_every_rank_skips_the_same_step(tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
-    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
-    env = {k: v for k, v in env.items() if k not in launcher and not k.startswith("SLURM_")}
+    env = ddp_env()
     done = subprocess.run(
         [sys.executable, "-m", "tests.test_skip_step", str(tmp_path)],
         cwd=REPO,
