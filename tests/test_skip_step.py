@@ -157,9 +157,15 @@ def test_resumed_skip_step_run_equals_its_uninterrupted_twin(tmp_path: Path) -> 
 # ------------------------------------------------------------------ under DDP
 
 
-def _ddp_worker(root: str) -> None:
-    """Body of ``python -m tests.test_skip_step <root>``, run by both ranks: the poisoned
-    batch of step 28 lands in rank 0's rows only (``poison_rows="first_half"``)."""
+DDP_STEPS = POISON + 4
+RESUME_AT = (K, POISON + 1)
+"""The DDP run resumes from before the bad batch (the resumed run must skip step 28
+itself) and from after it (the restored window and skipped list carry the decision)."""
+
+
+def _ddp_worker(root: str, name: str, ckpt_path: str | None = None) -> None:
+    """Body of ``python -m tests.test_skip_step <root> <name> [<ckpt>]``, run by both ranks:
+    the poisoned batch of step 28 lands in rank 0's rows only (``poison_rows="first_half"``)."""
     from lightning.pytorch.strategies import DDPStrategy
 
     skip = skip_step()
@@ -167,43 +173,48 @@ def _ddp_worker(root: str) -> None:
         warnings.simplefilter("ignore")
         run = fit(
             Path(root),
-            "ddp",
-            POISON + 2,
+            name,
+            DDP_STEPS,
             optim=OPTIM,
             data=replace(DATA, poison_rows="first_half"),
             callbacks=[skip],
             checkpoint_every=1,
+            ckpt_path=ckpt_path,
             devices=2,
             strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
         )
     rank = run.trainer.global_rank
     torch.save(
         {k: v.detach().clone() for k, v in run.module.state_dict().items()},
-        Path(root) / f"weights.rank{rank}.pt",
+        Path(root) / f"{name}.weights.rank{rank}.pt",
     )
     report = {"skipped": skip.skipped_steps, "losses": run.losses, "values": list(skip.values)}
-    (Path(root) / f"report.rank{rank}.json").write_text(json.dumps(report))
+    (Path(root) / f"{name}.report.rank{rank}.json").write_text(json.dumps(report))
+
+
+def run_ddp_skip_step(root: Path, name: str, ckpt_path: Path | None = None) -> list[Any]:
+    """One 2-process run of ``_ddp_worker``; returns each rank's report."""
+    command = [sys.executable, "-m", "tests.test_skip_step", str(root), name]
+    if ckpt_path is not None:
+        command.append(str(ckpt_path))
+    done = subprocess.run(
+        command, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=120
+    )
+    reports = [root / f"{name}.report.rank{rank}.json" for rank in (0, 1)]
+    assert done.returncode == 0 and all(p.exists() for p in reports), done.stderr[-4000:]
+    return [json.loads(p.read_text()) for p in reports]
 
 
 @pytest.mark.slow
-def test_under_ddp_every_rank_skips_the_same_step(tmp_path: Path) -> None:
-    env = ddp_env()
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.test_skip_step", str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    reports = [tmp_path / f"report.rank{rank}.json" for rank in (0, 1)]
-    assert done.returncode == 0 and all(p.exists() for p in reports), done.stderr[-4000:]
-    rank0, rank1 = (json.loads(p.read_text()) for p in reports)
+def test_under_ddp_every_rank_skips_the_same_step_and_resumes_bit_exactly(
+    tmp_path: Path,
+) -> None:
+    rank0, rank1 = run_ddp_skip_step(tmp_path, "ddp")
     # Only rank 0 saw the bad rows, yet both judged the global loss and skipped step 28.
     assert rank0["losses"][str(POISON)] > 1.3 * rank1["losses"][str(POISON)]
     assert rank0["skipped"] == rank1["skipped"] == [POISON]
     assert rank0["values"] == rank1["values"]  # the same window, bit for bit
-    weights = [torch.load(tmp_path / f"weights.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    weights = [torch.load(tmp_path / f"ddp.weights.rank{r}.pt", weights_only=True) for r in (0, 1)]
     for key, value in weights[0].items():
         assert torch.equal(value, weights[1][key]), f"{key} differs between the ranks"
     before = load_ckpt(checkpoint_path(tmp_path / "ddp", POISON))
@@ -215,7 +226,17 @@ def test_under_ddp_every_rank_skips_the_same_step(tmp_path: Path) -> None:
     for index, tensors in state_before.items():
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(tensors[name], state_after[index][name]), f"{name} of {index}"
+    # Resumed under DDP, before and after the skipped step: the same decisions, the same
+    # window and, on every parameter and AdamW moment, the same bits.
+    full = load_ckpt(checkpoint_path(tmp_path / "ddp", DDP_STEPS))
+    for start in RESUME_AT:
+        name = f"resumed_from_{start}"
+        resumed = run_ddp_skip_step(tmp_path, name, checkpoint_path(tmp_path / "ddp", start))
+        for rank, report in enumerate(resumed):
+            assert report["skipped"] == [POISON], f"{name}, rank {rank}"
+            assert report["values"] == rank0["values"], f"{name}, rank {rank}"
+        assert_states_equal(full, load_ckpt(checkpoint_path(tmp_path / name, DDP_STEPS)))
 
 
 if __name__ == "__main__":
-    _ddp_worker(sys.argv[1])
+    _ddp_worker(*sys.argv[1:])
