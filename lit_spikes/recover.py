@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import shutil
 import signal
 import time
@@ -45,11 +46,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import lightning.pytorch as pl
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -161,6 +164,15 @@ class RecoverConfig:
     compare: bool = False
     """Also run 'do nothing' (the first run continued through its spike) and the
     cause-aimed fix (QK-norm at the same LR, from scratch) as rows of the report."""
+    devices: int = 1
+    """Processes per machine. More than one trains every branch with Lightning's DDP
+    across them (gloo on CPU), each taking its shard of the step's global batch."""
+    num_nodes: int = 1
+    """Machines, each running this same command (``torchrun``, SLURM ``srun``)."""
+    strategy: str = "auto"
+    """``"auto"`` or ``"ddp"``: with several processes both mean DDP, whose processes
+    the loop starts once and keeps for every branch (``ddp_spawn`` would start new ones
+    for each branch and lose the callbacks' decisions on the way back)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_root", Path(self.log_root))
@@ -198,10 +210,34 @@ class RecoverConfig:
                 f"RecoverConfig: gpt.block_size={self.gpt.block_size} and "
                 f"data.block_size={self.data.block_size} must be equal"
             )
+        for name in ("devices", "num_nodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RecoverConfig.{name}={value!r} must be an integer >= 1")
+        if self.strategy not in ("auto", "ddp"):
+            raise ValueError(
+                f"RecoverConfig.strategy={self.strategy!r} must be 'auto' or 'ddp' (the loop "
+                "keeps one set of DDP processes for all its branches)"
+            )
+        if self.data.batch_size % self.world_size:
+            raise ValueError(
+                f"RecoverConfig: data.batch_size={self.data.batch_size} must divide by the "
+                f"world size devices x num_nodes = {self.world_size}"
+            )
 
     @property
     def steps(self) -> int:
         return self.optim.max_steps if self.max_steps is None else self.max_steps
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The Trainer arguments every branch adds for its processes (none for one)."""
+        if self.world_size == 1 and self.strategy == "auto":
+            return {}
+        return {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": "ddp"}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (``from_dict`` reads it back)."""
@@ -414,6 +450,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
 def read_ledger(log_root: str | Path) -> Ledger:
     """The ledger of a recovery loop run under ``log_root``.
 
@@ -450,13 +494,19 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 
 class _HistoryLog(Callback):
     """Appends each step's record, and each validation's bits/char, to ``history.jsonl``
-    as it happens, so a branch killed at any moment keeps what it trained."""
+    as it happens, so a branch killed at any moment keeps what it trained.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    Under DDP every rank runs it (the records hold the global values: the loss averaged
+    over the ranks' shards, the largest ``max_logit``, as the detector judges them, from
+    one ``all_gather`` per step) and rank 0 alone writes."""
+
+    def __init__(self, path: Path, write: bool = True) -> None:
+        self.path, self.write = path, write
         self._handle: Any = None
 
     def _write(self, record: dict[str, Any]) -> None:
+        if not self.write:
+            return
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
@@ -467,7 +517,16 @@ class _HistoryLog(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        self._write(dict(module_history(pl_module)[-1]))
+        record: dict[str, Any] = dict(module_history(pl_module)[-1])
+        if trainer.world_size > 1:
+            local = torch.tensor([record["loss"], record["max_logit"]], dtype=torch.float64)
+            ranks = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2).tolist()
+            losses = [loss for loss, _ in ranks]
+            logits = [logit for _, logit in ranks]
+            record["loss"] = sum(losses) / len(losses)
+            record["max_logit"] = math.nan if any(map(math.isnan, logits)) else max(logits)
+            record["rank_loss"] = losses
+        self._write(record)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -608,8 +667,48 @@ class RecoverResult:
     val_bpc: float | None
 
 
+_T = TypeVar("_T")
+
+
+class _Ranks:
+    """The loop's processes. One: rank 0 of 1. Several (``config.world_size > 1``): they
+    are started here, before the loop reads or writes a file, through Lightning Fabric's
+    launcher (it runs this same command again for the other local ranks, as the Trainer's
+    DDP strategy does; under ``torchrun`` or SLURM they exist already), and joined in one
+    process group that every branch's Trainer then reuses."""
+
+    def __init__(self, config: RecoverConfig) -> None:
+        self.fabric: Any = None
+        if config.world_size > 1:
+            from lightning.fabric import Fabric
+
+            self.fabric = Fabric(
+                accelerator="cpu",
+                devices=config.devices,
+                num_nodes=config.num_nodes,
+                strategy="ddp",
+            )
+            self.fabric.launch()
+
+    @property
+    def leader(self) -> bool:
+        return self.fabric is None or self.fabric.global_rank == 0
+
+    def from_leader(self, value: _T) -> _T:
+        """Rank 0's ``value``, on every rank."""
+        if self.fabric is None:
+            return value
+        shared: _T = self.fabric.broadcast(value, src=0)
+        return shared
+
+
 class RecoveryLoop:
     """The loop behind ``recover``; its state is the ledger, rewritten after every event.
+
+    Under DDP every rank runs the loop and trains every branch, and rank 0 alone plans,
+    reads and writes files (ledger, histories, TensorBoard's stitched run): after each of
+    its turns the other ranks take its ledger (``_on_leader``). The branches' own
+    decisions (a spike stopping one, SkipStep, preemption) are agreed by the callbacks.
 
     Args:
         config: what to train and how to react.
@@ -629,22 +728,45 @@ class RecoveryLoop:
         fresh: bool = False,
     ) -> None:
         self.config, self.progress_bar = config, progress_bar
+        self.ranks = _Ranks(config)
         self.console = console or Console(quiet=True)
+        if not self.ranks.leader:
+            self.console = Console(quiet=True)
         self.extra_callbacks = extra_callbacks
         self.root = config.log_root
         self.path = self.root / LEDGER_NAME
+        self.ledger = Ledger(config=config.to_dict())
+        self._clock = time.perf_counter()
+        self._on_leader(lambda: self._open(fresh))
+
+    def _open(self, fresh: bool) -> None:
         if fresh and self.root.exists():
             shutil.rmtree(self.root)
-        if self.path.is_file():
+        resumed = self.path.is_file()
+        if resumed:
             self.ledger = read_ledger(self.root)
             self._check_same_config()
-            resumed = True
-        else:
-            self.ledger = Ledger(config=config.to_dict())
-            resumed = False
         self.ledger.sessions += 1
-        self._clock = time.perf_counter()
         self.event("resume" if resumed else "start", sessions=self.ledger.sessions)
+
+    def _on_leader(self, work: Callable[[], _T]) -> _T:
+        """Run ``work`` on rank 0 only; then every rank holds rank 0's ledger and
+        ``work``'s result, or raises its error (one process: just ``work()``)."""
+        result: _T | None = None
+        error: Exception | None = None
+        if self.ranks.leader:
+            try:
+                result = work()
+            except Exception as caught:  # every rank must hear of it, or they would hang
+                error = caught
+        if self.ranks.fabric is not None:
+            shared = error if _picklable(error) else RuntimeError(f"on rank 0: {error!r}")
+            self.ledger, result, shared = self.ranks.from_leader((self.ledger, result, shared))
+            if shared is not None and not self.ranks.leader:
+                raise shared
+        if error is not None:
+            raise error
+        return result  # type: ignore[return-value]
 
     # -- ledger
 
@@ -661,6 +783,8 @@ class RecoveryLoop:
             )
 
     def save(self) -> None:
+        if not self.ranks.leader:
+            return
         now = time.perf_counter()
         self.ledger.wall_s += now - self._clock
         self._clock = now
@@ -684,9 +808,13 @@ class RecoveryLoop:
             active = [b for b in self.ledger.branches if b.status in ("pending", "running")]
             if active:
                 self.run_branch(active[0])
-            elif not self.plan_next():
-                self.finish()
+            else:
+                self._on_leader(self._plan_or_finish)
         return self.result()
+
+    def _plan_or_finish(self) -> None:
+        if not self.plan_next():
+            self.finish()
 
     def _main_branches(self) -> list[BranchRecord]:
         return [b for b in self.ledger.branches if b.kind != "compare"]
@@ -936,6 +1064,62 @@ class RecoveryLoop:
 
     def run_branch(self, record: BranchRecord) -> None:
         """Train one branch until it ends or its gate stops it at a spike."""
+        ckpt, start = self._on_leader(lambda: self._prepare(record))
+        record = self.ledger.branch(record.name)  # rank 0's record, on every rank
+        config = self.config
+        run_dir = self.root / record.name
+        detector = config.detector.build(config.optim.warmup_steps)
+
+        def accept(step: int) -> None:
+            self.accept(record, step)
+
+        gate = _SpikeGate(detector, record.gate, record.accept_after, accept)
+        if record.accepted_at is not None:
+            gate.accepted = True
+        history_log = _HistoryLog(run_dir / HISTORY_NAME, write=self.ranks.leader)
+        remedies, trainer_kwargs = remedy_callbacks(record.remedies)
+        extra = list(self.extra_callbacks(record)) if self.extra_callbacks else []
+        gpt = replace(config.gpt, **record.gpt_changes)
+        module = TinyGPTModule(gpt=gpt, optim=config.optim, model_seed=config.model_seed)
+        datamodule = StepDataModule(config.data)
+        spec = RunSpec(
+            log_root=self.root,
+            name=record.name,
+            max_steps=config.steps,
+            checkpoint_every=config.checkpoint_every,
+            val_every=config.val_every,
+            callbacks=[detector, *remedies, gate, history_log, *extra],
+            progress_bar=self.progress_bar,
+            trainer_kwargs={**config.trainer_kwargs(), **trainer_kwargs},
+            resume_step=start if ckpt else None,
+        )
+        clock = time.perf_counter()
+        try:
+            with _quiet():
+                trainer = spec.trainer()
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        finally:
+            history_log.close()
+            record.wall_s += time.perf_counter() - clock
+        preempted = [
+            cb
+            for cb in trainer_callbacks(trainer)
+            if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
+        ]
+        if preempted:  # every rank saved and stopped at the same step
+            saved = preempted[0].saved_path
+            self._on_leader(lambda: self.event("interrupted", branch=record.name, checkpoint=saved))
+            raise _Interrupted(int(preempted[0].received or signal.SIGINT))
+        if gate.stop_spike is None and trainer.global_step >= config.steps:
+            final = checkpoint_path(run_dir, config.steps)
+            if self._on_leader(lambda: not final.is_file()):
+                trainer.save_checkpoint(final)  # every rank: a collective under DDP
+        self._on_leader(lambda: self._conclude(record, detector, trainer, gate))
+
+    def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:
+        """Rank 0's part of a branch's start: where it starts (its checkpoint and step:
+        an interrupted branch continues from its own newest file), and its history file
+        cut back to that step."""
         config = self.config
         run_dir = self.root / record.name
         history_path = run_dir / HISTORY_NAME
@@ -972,48 +1156,13 @@ class RecoveryLoop:
             branch=record.name,
             from_step=start,
         )
+        return ckpt, start
 
-        detector = config.detector.build(config.optim.warmup_steps)
-
-        def accept(step: int) -> None:
-            self.accept(record, step)
-
-        gate = _SpikeGate(detector, record.gate, record.accept_after, accept)
-        if record.accepted_at is not None:
-            gate.accepted = True
-        history_log = _HistoryLog(history_path)
-        remedies, trainer_kwargs = remedy_callbacks(record.remedies)
-        extra = list(self.extra_callbacks(record)) if self.extra_callbacks else []
-        gpt = replace(config.gpt, **record.gpt_changes)
-        module = TinyGPTModule(gpt=gpt, optim=config.optim, model_seed=config.model_seed)
-        datamodule = StepDataModule(config.data)
-        spec = RunSpec(
-            log_root=self.root,
-            name=record.name,
-            max_steps=config.steps,
-            checkpoint_every=config.checkpoint_every,
-            val_every=config.val_every,
-            callbacks=[detector, *remedies, gate, history_log, *extra],
-            progress_bar=self.progress_bar,
-            trainer_kwargs=trainer_kwargs,
-            resume_step=start if ckpt else None,
-        )
-        clock = time.perf_counter()
-        try:
-            with _quiet():
-                trainer = spec.trainer()
-                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
-        finally:
-            history_log.close()
-            record.wall_s += time.perf_counter() - clock
-        preempted = [
-            cb
-            for cb in trainer_callbacks(trainer)
-            if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
-        ]
-        if preempted:
-            self.event("interrupted", branch=record.name, checkpoint=preempted[0].saved_path)
-            raise _Interrupted(int(preempted[0].received or signal.SIGINT))
+    def _conclude(
+        self, record: BranchRecord, detector: SpikeDetector, trainer: pl.Trainer, gate: _SpikeGate
+    ) -> None:
+        """Rank 0's part of a branch's end: its counts, and spiked or finished."""
+        config = self.config
         self.summarize(record, detector, trainer_callbacks(trainer))
         if gate.stop_spike is not None:
             record.status, record.spike = "spiked", gate.stop_spike
@@ -1029,9 +1178,6 @@ class RecoveryLoop:
                 f"branch {record.name} stopped at step {trainer.global_step} of "
                 f"{config.steps} without a spike or a signal"
             )
-        final = checkpoint_path(run_dir, config.steps)
-        if not final.is_file():
-            trainer.save_checkpoint(final)
         record.status = "finished"
         if record.accepted_at is None and record.accept_after is not None:
             self.accept(record, config.steps - 1)
@@ -1261,7 +1407,7 @@ def recover(
     loop = RecoveryLoop(config, console, progress_bar, extra_callbacks, fresh)
     result = loop.run()
     if console is not None:
-        print_ledger(result.ledger, console)
+        print_ledger(result.ledger, loop.console)  # quiet on every rank but 0
     return result
 
 
@@ -1387,6 +1533,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--detector-ratio", type=float, help=f"default {defaults.detector.ratio}")
     add("--detector-window", type=int, help=f"default {defaults.detector.window}")
     add("--compare", action="store_true", default=None, help="add do-nothing and QK-norm rows")
+    add("--devices", type=int, help="processes per machine; > 1 trains with DDP (default 1)")
+    add("--num-nodes", type=int, help="machines, each running this command (default 1)")
+    add("--strategy", type=str, help="auto or ddp (default auto: ddp when > 1 process)")
     add("--fresh", action="store_true", help="discard an existing ledger and its runs")
     add("--progress", action="store_true", help="show Lightning's progress bar per branch")
     return parser
@@ -1418,6 +1567,9 @@ def config_from_args(args: argparse.Namespace) -> RecoverConfig:
         "max_interventions": args.max_interventions,
         "max_branches": args.max_branches,
         "compare": args.compare,
+        "devices": args.devices,
+        "num_nodes": args.num_nodes,
+        "strategy": args.strategy,
     }
     data.update({k: v for k, v in flat.items() if v is not None})
     if args.ladder is not None:
@@ -1447,6 +1599,7 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
     try:
         return recover(config, console, progress_bar=args.progress, fresh=args.fresh)
     except _Interrupted as stop:
+        console = console if getattr(rank_zero_only, "rank", 0) == 0 else Console(quiet=True)
         console.print(
             f"Stopped by {signal.Signals(stop.signum).name}; the ledger "
             f"{config.log_root / LEDGER_NAME} says where: run the same command to continue."
