@@ -34,6 +34,7 @@ from lit_spikes.checkpoints import (
 )
 from lit_spikes.data import StepDataModule
 from lit_spikes.module import TinyGPTModule
+from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ class LitSpikesCLI(LightningCLI):
             callbacks.append(step_checkpoint(dirpath, every))
         else:
             trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
+        if trainer_config.get("enable_progress_bar", True) is not False:
+            configured = trainer_config.get("callbacks") or []
+            configured = configured if isinstance(configured, list) else [configured]
+            callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
         if trainer_config.get("logger") in (None, True):
             trainer_config["logger"] = TensorBoardLogger(
                 save_dir=root, name="", version="", purge_step=getattr(self, "_resume_step", None)

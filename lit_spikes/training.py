@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
+from lit_spikes.progress import with_step_progress_bar
 
 CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
@@ -81,6 +82,8 @@ class RunSpec:
             callbacks.append(
                 step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
             )
+        if self.progress_bar:
+            callbacks = with_step_progress_bar(callbacks)
         remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)
         logger = TensorBoardLogger(
             save_dir=str(self.log_root),

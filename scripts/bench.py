@@ -7,14 +7,22 @@
    of demos 1 and 2, in parallel workers from real checkpoints) against the same steps run
    serially by a plain loop branching from an in-memory snapshot (``--skip-main-job``
    leaves this part out).
+3. Checkpoint cost and size against 12 bytes per parameter.
+4. Spike detector cost per step, and spike-to-remedy latency.
+5. Model speed against d_model and context, FLOP/s against the matmul peak.
+6. DDP scaling: ms/step of 1 process x 1 thread against 2 DDP processes x 1 thread (gloo)
+   at the same global batch, interleaved, and the scaling efficiency.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -262,6 +270,72 @@ def bench_model(console: Console, steps: int = 20) -> None:
     console.print(table)
 
 
+def ddp_worker(devices: int, steps: int, warmup: int, root: str) -> None:
+    """Body of ``bench.py --ddp-worker``: one timed run on ``devices`` processes, as the
+    demos run (TensorBoard every step, spike detector), at the default global batch.
+    Lightning starts this same command again for the other ranks; rank 0 reports."""
+    torch.set_num_threads(1)
+    timer = StepTimer()
+    kwargs: dict[str, Any] = {"limit_val_batches": 0}
+    if devices > 1:
+        kwargs |= {"devices": devices, "strategy": "ddp"}
+    spec = RunSpec(
+        Path(root),
+        f"ddp{devices}",
+        steps,
+        callbacks=[timer, SpikeDetector()],
+        progress_bar=False,
+        trainer_kwargs=kwargs,
+    )
+    trainer = spec.trainer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(TinyGPTModule(), datamodule=StepDataModule())
+    if trainer.is_global_zero:
+        report = {"ms": ms_per_step(timer.starts, warmup), "world_size": trainer.world_size}
+        (Path(root) / f"ddp{devices}.json").write_text(json.dumps(report))
+
+
+def time_processes(devices: int, steps: int, warmup: int, root: Path) -> float:
+    """ms/step of one ``ddp_worker`` run on ``devices`` processes (started fresh)."""
+    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    command = [sys.executable, str(Path(__file__).resolve()), "--ddp-worker", str(devices)]
+    command += ["--steps", str(steps), "--warmup", str(warmup), "--root", str(root)]
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+    report = json.loads((root / f"ddp{devices}.json").read_text())
+    assert report["world_size"] == devices, report
+    return float(report["ms"])
+
+
+def bench_ddp(console: Console, steps: int, warmup: int, repeats: int) -> None:
+    """Part 6."""
+    single, double = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(repeats):
+            single.append(time_processes(1, steps, warmup, Path(tmp) / f"{repeat}"))
+            double.append(time_processes(2, steps, warmup, Path(tmp) / f"{repeat}"))
+    one, two = statistics.median(single), statistics.median(double)
+    batch = DataConfig().batch_size
+    table = Table(
+        title=f"6. DDP scaling at the same global batch ({batch} rows), "
+        f"{repeats} interleaved repeats, medians"
+    )
+    for column in ("processes x threads", "rows per process", "ms/step", "all repeats"):
+        table.add_column(column, justify="right")
+    table.add_row("1 x 1", str(batch), f"{one:.1f}", " ".join(f"{v:.1f}" for v in single))
+    table.add_row(
+        "2 x 1 (DDP, gloo)", str(batch // 2), f"{two:.1f}", " ".join(f"{v:.1f}" for v in double)
+    )
+    console.print(table)
+    speedup = one / two
+    console.print(
+        f"Speed-up {speedup:.2f}x on 2 processes; scaling efficiency "
+        f"[bold]{speedup / 2:.0%}[/bold] (speed-up / processes)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per timed run")
@@ -269,9 +343,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
     parser.add_argument(
-        "--parts", default="1,2,3,4,5", help="comma-separated parts to run (default: all)"
+        "--parts", default="1,2,3,4,5,6", help="comma-separated parts to run (default: all)"
     )
+    parser.add_argument("--ddp-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ddp_worker is not None:
+        ddp_worker(args.ddp_worker, args.steps, args.warmup, args.root)
+        return
     if not 0 <= args.warmup < args.steps - 1:
         parser.error(f"--warmup={args.warmup} must be in [0, --steps - 1)")
     console = Console()
@@ -293,6 +372,8 @@ def main() -> None:
         bench_detector(console, step_ms)
     if 5 in parts:
         bench_model(console)
+    if 6 in parts:
+        bench_ddp(console, args.steps, args.warmup, min(args.repeats, 3))
 
 
 def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float:
