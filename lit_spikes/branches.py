@@ -9,9 +9,11 @@ exactly what it would alone) and shows one overall progress display.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -188,22 +190,73 @@ def branch_hparams(branch: Branch) -> dict[str, float | int | str | bool]:
     }
 
 
-def _worker(branch: Branch, log_root: Path, queue: Any) -> BranchResult:
+_REPORTS: Any = None
+"""In a worker process: the queue its branches report to (given at its start: a
+``multiprocessing`` queue travels to a process when it starts, not with each task)."""
+
+
+def _start_worker(reports: Any) -> None:
+    global _REPORTS
+    _REPORTS = reports
     torch.set_num_threads(1)
-    return run_branch(branch, log_root, queue)
+
+
+def _worker(branch: Branch, log_root: Path) -> BranchResult:
+    return run_branch(branch, log_root, _REPORTS)
+
+
+def _ready() -> None:
+    """A worker's first task: it exists, with torch and Lightning imported."""
+
+
+def _context() -> Any:
+    """Processes forked from a server that has imported torch and Lightning once (about
+    4 s a process otherwise), where the platform has one; fresh interpreters elsewhere."""
+    if "forkserver" in mp.get_all_start_methods():
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["lit_spikes.branches"])
+        return context
+    return mp.get_context("spawn")
+
+
+class _Relay:
+    """The queue a branch trained in this process reports to: its progress goes to the
+    display, its checkpoints and spikes to ``on_report`` at once (or, without one, to
+    ``events``)."""
+
+    def __init__(
+        self, runner: BranchRunner, on_report: Callable[[str, str, Any], None] | None
+    ) -> None:
+        self.runner, self.on_report = runner, on_report
+
+    def put(self, item: tuple[str, str, Any]) -> None:
+        kind, name, payload = item
+        if kind == "progress":
+            self.runner._show_progress(name, payload)
+        elif self.on_report is not None:
+            self.on_report(kind, name, payload)
+        else:
+            self.runner._held.append(item)
 
 
 class BranchRunner:
-    """Runs branches in ``workers`` spawned processes (one CPU thread each) under one
+    """Runs branches in ``workers`` worker processes (one CPU thread each) under one
     overall progress display, and passes on what the branches report while they run, so
     a caller can start new branches as soon as a checkpoint or a spike they need exists.
 
+    This process works too: ``run_here`` trains a branch here at once (the one every
+    other branch waits for: no process to start), and while ``events`` waits, it takes
+    the next submitted branch whenever every worker is busy. So no core idles while a
+    branch waits, and the last branches end closer together.
+
     Example:
         >>> with BranchRunner(Path("runs"), workers=2) as runner:
-        ...     runner.submit(reference)
-        ...     for kind, name, payload in runner.events():
+        ...     def on_report(kind, name, payload):
         ...         if kind == "checkpoint" and payload == 100:
         ...             runner.submit(branch_from_step_100)
+        ...     runner.run_here(reference, on_report)
+        ...     for kind, name, payload in runner.events():
+        ...         pass
         >>> runner.results["demo1/reference"]
     """
 
@@ -215,11 +268,13 @@ class BranchRunner:
         self._stack = ExitStack()
         self._futures: dict[Future[BranchResult], str] = {}
         self._tasks: dict[str, tuple[TaskID, int]] = {}
+        self._held: list[tuple[str, str, Any]] = []
+        self._pending: deque[Branch] = deque()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> BranchRunner:
-        context = mp.get_context("spawn")
-        self._manager = self._stack.enter_context(context.Manager())
-        self._queue = self._manager.Queue()
+        context = _context()
+        self._queue = context.Queue()
         columns = (
             TextColumn("{task.description:<30}"),
             BarColumn(),
@@ -228,8 +283,17 @@ class BranchRunner:
         )
         self._progress = self._stack.enter_context(Progress(*columns))
         self._pool = self._stack.enter_context(
-            ProcessPoolExecutor(self.workers, mp_context=context)
+            ProcessPoolExecutor(
+                self.workers,
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(self._queue,),
+            )
         )
+        # Workers start on demand: start them all now, so that they are ready when the
+        # first branches are submitted (each submit finding none idle starts one).
+        for _ in range(self.workers):
+            self._pool.submit(_ready)
         return self
 
     def __exit__(
@@ -241,23 +305,92 @@ class BranchRunner:
         self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:
+        """Queue ``branch``: a worker takes it when one is free (or this process, from
+        ``events``, when none is)."""
         first = _ckpt_step(branch.ckpt_path)
         task = self._progress.add_task(branch.name, total=branch.max_steps - first)
         self._tasks[branch.name] = (task, first)
-        self._futures[self._pool.submit(_worker, branch, self.log_root, self._queue)] = branch.name
+        with self._lock:
+            self._pending.append(branch)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand queued branches to free workers (the caller holds the lock). Branches go
+        to the pool one per free worker only, so the queue stays here to be shared."""
+        busy = sum(not future.done() for future in self._futures)
+        while self._pending and busy < self.workers:
+            branch = self._pending.popleft()
+            self._futures[self._pool.submit(_worker, branch, self.log_root)] = branch.name
+            busy += 1
+
+    def _show_progress(self, name: str, step: int) -> None:
+        task, first = self._tasks[name]
+        self._progress.update(task, completed=step - first)
+
+    def run_here(
+        self, branch: Branch, on_report: Callable[[str, str, Any], None] | None = None
+    ) -> BranchResult:
+        """Train ``branch`` in this process (one thread, as a worker) while the workers
+        run what is submitted, and call ``on_report(kind, name, payload)`` for each
+        checkpoint and spike it reports, as it happens (``on_report`` may ``submit``;
+        without it those reports come out of ``events``)."""
+        if branch.name not in self._tasks:
+            first = _ckpt_step(branch.ckpt_path)
+            task = self._progress.add_task(branch.name, total=branch.max_steps - first)
+            self._tasks[branch.name] = (task, first)
+        stop = threading.Event()
+        drain = threading.Thread(target=self._drain, args=(stop,), daemon=True)
+        drain.start()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the same numerics as in a worker
+        try:
+            result = run_branch(branch, self.log_root, _Relay(self, on_report))
+        finally:
+            torch.set_num_threads(threads)
+            stop.set()
+            drain.join()
+        self.results[branch.name] = result
+        task, _ = self._tasks[branch.name]
+        self._progress.update(task, completed=self._progress.tasks[task].total)
+        return result
+
+    def _drain(self, stop: threading.Event) -> None:
+        """While ``run_here`` trains: show the workers' progress, keep their other
+        reports for ``events``, and hand queued branches to workers as they free up."""
+        while not stop.is_set():
+            with self._lock:
+                self._dispatch()
+            try:
+                kind, name, payload = self._queue.get(timeout=0.2)
+            except Empty:
+                continue
+            if kind == "progress":
+                self._show_progress(name, payload)
+            else:
+                self._held.append((kind, name, payload))
 
     def events(self) -> Iterator[tuple[str, str, Any]]:
         """Yields ``(kind, branch, payload)`` reports until every submitted branch is done
-        (including branches submitted while iterating); results land in ``results``."""
-        while self._futures:
+        (including branches submitted while iterating); results land in ``results``.
+        While every worker is busy, this process trains the next queued branch itself."""
+        while True:
+            while self._held:
+                yield self._held.pop(0)
+            with self._lock:
+                self._dispatch()
+                mine = self._pending.popleft() if self._pending else None
+            if mine is not None:
+                yield "done", mine.name, self.run_here(mine)
+                continue
+            if not self._futures:
+                return
             try:
                 kind, name, payload = self._queue.get(timeout=0.2)
             except Empty:
                 pass
             else:
                 if kind == "progress":
-                    task, first = self._tasks[name]
-                    self._progress.update(task, completed=payload - first)
+                    self._show_progress(name, payload)
                 yield kind, name, payload
             for future in [f for f in self._futures if f.done()]:
                 name = self._futures.pop(future)

@@ -51,6 +51,9 @@ class MainJobResult:
     demo2: Demo2Report | None
     ledger: list[LedgerRow] | None
     wall_s: float
+    """The whole job: training, tables, figures."""
+    train_s: float
+    """Its training: from the start to the last branch's end."""
 
 
 def mirror_reference_logs(setup: DemoSetup) -> None:
@@ -136,10 +139,11 @@ def run_main_job(
 ) -> MainJobResult:
     """Run the reference and the branches the chosen demos need, then print their tables.
 
-    The reference trains in a worker process too. Each branch starts as soon as what it
-    needs exists: demo 1's once ``step=<ckpt_step>.ckpt`` is written, demo 2's once the
-    detector flagged the spike (its checkpoint, ``rollback_distance`` steps earlier, is
-    written by then). Both cores work from the first seconds on.
+    The reference trains in this process, from the first second (one thread, as the
+    workers). Each branch starts in a worker as soon as what it needs exists: demo 1's
+    once ``step=<ckpt_step>.ckpt`` is written, demo 2's once the detector flagged the
+    spike (its checkpoint, ``rollback_distance`` steps earlier, is written by then). The
+    workers start while the reference trains, so every core works from the start.
 
     With ``setup.trainer_kwargs`` asking for several processes (DDP), every run spans
     them and the runs go one after the other in this process; Lightning starts this
@@ -169,6 +173,7 @@ def run_main_job(
         results, plan = _run_in_sequence(setup, demos, need_plan)
     else:
         results, plan = _run_in_parallel(setup, demos, need_plan)
+    train = time.perf_counter() - start
     reference = results[REFERENCE]
     demo1 = demo2 = ledger = None
     if 1 in demos:
@@ -194,18 +199,21 @@ def run_main_job(
             console.print(f"Figure: {figure}")
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
-    return MainJobResult(reference, demo1, demo2, ledger, wall)
+    return MainJobResult(reference, demo1, demo2, ledger, wall, train)
 
 
 def _run_in_parallel(
     setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
 ) -> tuple[dict[str, BranchResult], SpikePlan | None]:
+    """The reference trains in this process from the first second; ``setup.workers``
+    worker processes take each branch as soon as what it needs is on disk."""
     plan: SpikePlan | None = None
     spikes: list[dict[str, Any]] = []
     waiting_for_demo1 = 1 in demos
     with BranchRunner(setup.log_root, setup.workers) as runner:
-        runner.submit(setup.reference())
-        for kind, _, payload in runner.events():
+
+        def on_report(kind: str, name: str, payload: Any) -> None:
+            nonlocal plan, waiting_for_demo1
             if kind == "checkpoint" and waiting_for_demo1 and payload == setup.ckpt_step:
                 waiting_for_demo1 = False
                 for branch in demo1_branches(setup):
@@ -216,9 +224,12 @@ def _run_in_parallel(
                     plan = plan_remedies(setup, spikes)
                     for branch in demo2_branches(setup, plan):
                         runner.submit(branch)
-            elif kind == "done" and need_plan and plan is None:
-                # The reference ended without a spike after warm-up: a clear error.
-                plan_remedies(setup, spikes)
+
+        runner.run_here(setup.reference(), on_report)
+        if need_plan and plan is None:
+            plan_remedies(setup, spikes)  # no spike after warm-up: its clear error
+        for _ in runner.events():
+            pass
     return runner.results, plan
 
 

@@ -38,12 +38,17 @@ def train_plain(
     record: bool = True,
     resume: Snapshot | None = None,
     snapshot_at: int | None = None,
+    compile_model: bool = False,
 ) -> PlainResult:
     """Train to global step ``steps`` exactly as ``TinyGPTModule`` does under a Trainer
     without clipping: from scratch, or from ``resume``. ``snapshot_at`` keeps a snapshot
-    of that step; ``record=False`` skips the per-step bookkeeping (for timing)."""
+    of that step; ``record=False`` skips the per-step bookkeeping (for timing);
+    ``compile_model`` compiles the model in place (``torch.compile``; the benchmark's
+    trial of it: not bit-equal to eager, and not faster here)."""
     torch.set_num_threads(num_threads)
     model = build_model(model_config, model_seed)
+    if compile_model:
+        model.compile()  # in place: the state_dict keys stay those of the eager model
     optimizer, scheduler = optim_config.build(model.parameters())
     start = 0
     if resume is not None:
