@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -404,6 +405,9 @@ def main() -> None:
         parser.error(f"--warmup={args.warmup} must be in [0, --steps - 1)")
     console = Console()
     torch.set_num_threads(1)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # "GPU available: ...", tips
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module="lightning")
     console.print(
         f"Machine: {cpu_name()}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
