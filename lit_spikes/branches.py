@@ -15,7 +15,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -40,7 +40,7 @@ from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
 from lit_spikes.tb import write_hparams
-from lit_spikes.training import RunSpec
+from lit_spikes.training import RunSpec, quiet_branches
 
 
 @dataclass
@@ -147,9 +147,10 @@ def run_branch(
         trainer_kwargs=branch.trainer_kwargs,
         resume_step=_ckpt_step(branch.ckpt_path) if branch.ckpt_path else None,
     )
-    trainer = spec.trainer()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    # Under a BranchRunner (a report queue) the runner's display is the report.
+    quiet = quiet_branches() if progress_queue is not None else _no_many_workers_warning()
+    with quiet:
+        trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=branch.ckpt_path)
     bpc = trainer.callback_metrics.get("val/bpc")
     if trainer.is_global_zero and module.history:
@@ -171,6 +172,13 @@ def run_branch(
             type(cb).__name__: cb.state_dict() for cb in branch.callbacks if cb.state_dict()
         },
     )
+
+
+@contextmanager
+def _no_many_workers_warning() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        yield
 
 
 def branch_hparams(branch: Branch) -> dict[str, float | int | str | bool]:

@@ -28,7 +28,6 @@ import json
 import math
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -43,8 +42,8 @@ from lit_spikes.checkpoints import CheckpointError, load_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
-from lit_spikes.recover import QUIET_WARNINGS, DetectorConfig, data_config_from_dict
-from lit_spikes.training import RunSpec
+from lit_spikes.recover import DetectorConfig, data_config_from_dict
+from lit_spikes.training import RunSpec, quiet_branches
 
 Cause = Literal["data-caused", "state-caused", "not-reproducible"]
 
@@ -219,9 +218,7 @@ class _Replayer:
             resume_step=k,
         )
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            for message in QUIET_WARNINGS:
-                warnings.filterwarnings("ignore", message=message)
+        with quiet_branches():
             spec.trainer().fit(module, datamodule=StepDataModule(self.data), ckpt_path=ckpt_path)
         wall = time.perf_counter() - start
         records = {int(r["step"]): r for r in module.history}

@@ -163,7 +163,7 @@ def run_main_job(
     how = (
         f"one after the other across {setup.trainer_kwargs.get('devices')} processes"
         if setup.distributed
-        else f"{setup.workers} processes"
+        else f"this process and {setup.workers} workers"
     )
     console.rule(
         f"Reference run ({setup.steps} steps, checkpoint every {setup.checkpoint_every}) "

@@ -41,8 +41,7 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,7 +64,7 @@ from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
-from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path
+from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path, quiet_branches
 from lit_spikes.world import WorldConfig
 
 REMEDIES = ("skip_data", "scale_lr", "skip_step", "clip")
@@ -75,15 +74,6 @@ HISTORY_NAME = "history.jsonl"
 ACCEPTED_RUN = "accepted"
 """TensorBoard run of the stitched accepted lineage, ``<log_root>/accepted``."""
 LEDGER_VERSION = 1
-QUIET_WARNINGS = (
-    ".*does not have many workers.*",
-    ".*callbacks used to create the checkpoint need to be provided.*",
-    ".*The dirpath has changed from.*",
-    ".*exists and is not empty.*",
-    ".*`training_step` returned `None`.*",
-    ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
-)
-"""Lightning's warnings that every branch resumed from another run's file would print."""
 
 
 # ----------------------------------------------------------------------------- config
@@ -1095,7 +1085,7 @@ class RecoveryLoop:
         )
         clock = time.perf_counter()
         try:
-            with _quiet():
+            with quiet_branches():
                 trainer = spec.trainer()
                 trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         finally:
@@ -1345,14 +1335,6 @@ class RecoveryLoop:
             final_ckpt=Path(totals.final_ckpt),
             val_bpc=totals.val_bpc,
         )
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        for message in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        yield
 
 
 TAGS = {

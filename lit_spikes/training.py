@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,37 @@ from lit_spikes.progress import with_step_progress_bar
 CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
 """ModelCheckpoint's name pattern: files are called ``step=<k>.ckpt``."""
+
+
+BRANCH_WARNINGS = (
+    ".*does not have many workers.*",
+    ".*callbacks used to create the checkpoint need to be provided.*",
+    ".*The dirpath has changed from.*",
+    ".*exists and is not empty.*",
+    ".*`training_step` returned `None`.*",
+    ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+)
+"""Lightning's warnings that every branch resumed from another run's file would print
+(each branch deliberately runs other callbacks than the run that wrote the file)."""
+
+
+@contextmanager
+def quiet_branches() -> Iterator[None]:
+    """For scripts that run many branches under their own report: Lightning's info
+    messages (``GPU available: False``, tips) and ``BRANCH_WARNINGS`` are left out;
+    every other warning still shows."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            for message in BRANCH_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def step_checkpoint(dirpath: str | Path, every_n_steps: int) -> ModelCheckpoint:
