@@ -4,8 +4,10 @@ well under a second per run, with the same code path as the demos."""
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,18 @@ def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 def tiny() -> dict[str, Any]:
     """The tiny configs, for tests that vary one field with ``dataclasses.replace``."""
     return {"gpt": TINY_GPT, "data": TINY_DATA, "optim": TINY_OPTIM, "replace": replace}
+
+
+def wait_for(
+    child: subprocess.Popen[Any], ready: Callable[[], bool], what: str, timeout_s: float
+) -> None:
+    """Poll until ``ready()`` while ``child`` runs; fail the test, naming ``what``, if the
+    child exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if child.poll() is not None:
+            pytest.fail(f"the process exited with {child.returncode} before {what}")
+        time.sleep(0.01)
+    pytest.fail(f"{what} did not happen within {timeout_s} s")

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,14 @@ from lit_spikes.recover import (
     read_ledger,
     recover,
 )
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, load_ckpt
+from tests.conftest import (
+    TINY_DATA,
+    TINY_GPT,
+    TINY_OPTIM,
+    assert_states_equal,
+    load_ckpt,
+    wait_for,
+)
 
 N = 60
 POISON = (28, 47)
@@ -309,16 +315,13 @@ def test_sigkill_at_a_random_point_of_the_cli_and_restart_ends_bit_equal(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     ledger_file = config.log_root / "ledger.json"
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:  # kill once the first remedy has been rejected
-            if ledger_file.is_file() and '"event": "rejected"' in ledger_file.read_text():
-                break
-            if child.poll() is not None:
-                pytest.fail(f"recover exited with {child.returncode} before it was killed")
-            time.sleep(0.01)
-        else:
-            pytest.fail("the first remedy was never rejected")
+    try:  # kill once the first remedy has been rejected
+        wait_for(
+            child,
+            lambda: ledger_file.is_file() and '"event": "rejected"' in ledger_file.read_text(),
+            "the first remedy was rejected",
+            120,
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

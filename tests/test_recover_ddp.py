@@ -10,14 +10,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lit_spikes.recover import HISTORY_NAME, Ledger, RecoverConfig, read_history, read_ledger
-from tests.conftest import REPO, assert_states_equal, ddp_env, load_ckpt
+from tests.conftest import REPO, assert_states_equal, ddp_env, load_ckpt, wait_for
 from tests.test_recover import tiny_config
 
 TIMEOUT_S = 240
@@ -106,16 +105,13 @@ def test_sigterm_to_rank_0_then_the_same_command_ends_bit_equal(
     # a few steps from its step-20 checkpoint (outside a branch a SIGTERM kills at once,
     # like the SIGKILL of test_recover, and the ledger carries on as well).
     history = root / "spike1" / "skip_data" / HISTORY_NAME
-    deadline = time.monotonic() + TIMEOUT_S
     try:
-        while time.monotonic() < deadline:
-            if history.is_file() and len(steps_written(history)) >= 5:
-                break
-            if child.poll() is not None:
-                pytest.fail(f"recover exited with {child.returncode} before the signal")
-            time.sleep(0.01)
-        else:
-            pytest.fail("the second remedy never trained 5 steps")
+        wait_for(
+            child,
+            lambda: history.is_file() and len(steps_written(history)) >= 5,
+            "the second remedy trained 5 steps",
+            TIMEOUT_S,
+        )
         child.send_signal(signal.SIGTERM)
         _, stderr = child.communicate(timeout=TIMEOUT_S)
     finally:
