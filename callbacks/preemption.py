@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from types import FrameType
@@ -9,10 +10,16 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
+_log = logging.getLogger(__name__)
+
+
+@rank_zero_only
+def rank_zero_warn_log(message: str) -> None:
+    _log.warning(message)
 
 
 class PreemptionCheckpoint(Callback):
@@ -66,8 +73,9 @@ class PreemptionCheckpoint(Callback):
         self.saved_path = path
         trainer.should_stop = True
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"
-        rank_zero_info(
-            f"\nReceived {name}: stopped after step "
+        # A warning, not info: scripts that quiet Lightning's info logs still show it.
+        rank_zero_warn_log(
+            f"Received {name}: stopped after step "
             f"{trainer.global_step}, checkpoint written to {path}. Resume with "
             f"--ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
         )

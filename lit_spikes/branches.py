@@ -206,11 +206,19 @@ _REPORTS: Any = None
 def _start_worker(reports: Any) -> None:
     global _REPORTS
     _REPORTS = reports
+    # Every report a branch's result waits for is read before that result (its "end"
+    # marker): a worker need not wait at its exit for a reader that may be gone.
+    reports.cancel_join_thread()
     torch.set_num_threads(1)
 
 
 def _worker(branch: Branch, log_root: Path) -> BranchResult:
-    return run_branch(branch, log_root, _REPORTS)
+    try:
+        return run_branch(branch, log_root, _REPORTS)
+    finally:
+        # The queue's feeder thread may deliver the branch's last reports after its
+        # result (which comes back on the pool's own pipe): this marker comes after them.
+        _REPORTS.put(("end", branch.name, None))
 
 
 def _ready() -> None:
@@ -276,9 +284,11 @@ class BranchRunner:
         self._stack = ExitStack()
         self._futures: dict[Future[BranchResult], str] = {}
         self._tasks: dict[str, tuple[TaskID, int]] = {}
-        self._held: list[tuple[str, str, Any]] = []
+        self._held: deque[tuple[str, str, Any]] = deque()
+        self._ended: set[str] = set()
         self._pending: deque[Branch] = deque()
         self._lock = threading.Lock()
+        self._drain_error: BaseException | None = None
 
     def __enter__(self) -> BranchRunner:
         context = _context()
@@ -357,6 +367,8 @@ class BranchRunner:
             torch.set_num_threads(threads)
             stop.set()
             drain.join()
+        if self._drain_error is not None:
+            raise self._drain_error
         self.results[branch.name] = result
         task, _ = self._tasks[branch.name]
         self._progress.update(task, completed=self._progress.tasks[task].total)
@@ -365,43 +377,66 @@ class BranchRunner:
     def _drain(self, stop: threading.Event) -> None:
         """While ``run_here`` trains: show the workers' progress, keep their other
         reports for ``events``, and hand queued branches to workers as they free up."""
-        while not stop.is_set():
-            with self._lock:
-                self._dispatch()
-            try:
-                kind, name, payload = self._queue.get(timeout=0.2)
-            except Empty:
-                continue
-            if kind == "progress":
-                self._show_progress(name, payload)
-            else:
-                self._held.append((kind, name, payload))
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    self._dispatch()
+                try:
+                    kind, name, payload = self._queue.get(timeout=0.2)
+                except Empty:
+                    continue
+                self._take_report(kind, name, payload)
+        except BaseException as error:  # e.g. a broken pool: run_here raises it
+            self._drain_error = error
+
+    def _take_report(self, kind: str, name: str, payload: Any) -> None:
+        """A worker's report: progress is shown, an end marker noted, the rest held."""
+        if kind == "progress":
+            self._show_progress(name, payload)
+        elif kind == "end":
+            self._ended.add(name)
+        else:
+            self._held.append((kind, name, payload))
 
     def events(self) -> Iterator[tuple[str, str, Any]]:
-        """Yields ``(kind, branch, payload)`` reports until every submitted branch is done
+        """Yields ``(kind, branch, payload)`` reports (checkpoints, spikes; progress goes
+        to the display) until every submitted branch is done
         (including branches submitted while iterating); results land in ``results``.
-        While every worker is busy, this process trains the next queued branch itself."""
+        A branch's reports all come before its ``("done", name, result)``. While every
+        worker is busy, this process trains the next queued branch itself. (A branch
+        trained by a direct ``run_here`` call has no ``done`` event: it returns.)"""
         while True:
             while self._held:
-                yield self._held.pop(0)
+                yield self._held.popleft()
             with self._lock:
                 self._dispatch()
                 mine = self._pending.popleft() if self._pending else None
+                waiting = bool(self._futures)
             if mine is not None:
-                yield "done", mine.name, self.run_here(mine)
+                result = self.run_here(mine)
+                while self._held:
+                    yield self._held.popleft()
+                yield "done", mine.name, result
                 continue
-            if not self._futures:
+            if not waiting:
                 return
             try:
                 kind, name, payload = self._queue.get(timeout=0.2)
             except Empty:
                 pass
             else:
-                if kind == "progress":
-                    self._show_progress(name, payload)
-                yield kind, name, payload
-            for future in [f for f in self._futures if f.done()]:
-                name = self._futures.pop(future)
+                self._take_report(kind, name, payload)
+            while self._held:
+                yield self._held.popleft()
+            with self._lock:
+                finished = [
+                    (future, name)
+                    for future, name in self._futures.items()
+                    if future.done() and (name in self._ended or future.exception() is not None)
+                ]
+                for future, _ in finished:
+                    del self._futures[future]
+            for future, name in finished:
                 self.results[name] = future.result()  # re-raises a branch's error here
                 task, _ = self._tasks[name]
                 self._progress.update(task, completed=self._progress.tasks[task].total)

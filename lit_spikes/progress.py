@@ -41,6 +41,34 @@ class StepProgressBar(RichProgressBar):
     def total_train_batches(self) -> int | float:
         return self.trainer.max_steps
 
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A run resumed mid-epoch gets no on_train_epoch_start: its bar starts here.
+        super().on_train_start(trainer, pl_module)
+        self._start_at_global_step(trainer)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._start_at_global_step(trainer)
+
+    def _start_at_global_step(self, trainer: pl.Trainer) -> None:
+        """The train bar at ``global_step`` of ``max_steps``: a resumed run starts where
+        its checkpoint is (``reset`` also clears the speed samples, which would count the
+        restored steps as done just now)."""
+        if self.progress is None or self.is_disabled:
+            return
+        if self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()
+        assert self.train_progress_bar_id is not None
+        self.progress.reset(
+            self.train_progress_bar_id,
+            total=self.total_train_batches,
+            completed=trainer.global_step,
+            description=self._get_train_description(trainer.current_epoch),
+        )
+
+    @override
     def _get_train_description(self, current_epoch: int) -> str:
         description = "Step"
         # as Lightning pads "Epoch k": the validation bar's label must not shift the bars

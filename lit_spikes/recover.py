@@ -42,6 +42,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -209,6 +210,8 @@ class RecoverConfig:
                 f"RecoverConfig.strategy={self.strategy!r} must be 'auto' or 'ddp' (the loop "
                 "keeps one set of DDP processes for all its branches)"
             )
+        if self.world_size > 1:  # "auto" means DDP then: one ledger identity for both
+            object.__setattr__(self, "strategy", "ddp")
         if self.data.batch_size % self.world_size:
             raise ValueError(
                 f"RecoverConfig: data.batch_size={self.data.batch_size} must divide by the "
@@ -440,12 +443,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
-def _picklable(value: Any) -> bool:
+def _round_trips(value: Any) -> bool:
+    """Whether ``value`` survives pickling there and back (to reach the other ranks)."""
     try:
-        pickle.dumps(value)
+        pickle.loads(pickle.dumps(value))
     except Exception:
         return False
     return True
+
+
+class RankZeroStopped(RuntimeError):
+    """Raised on the other ranks when rank 0 stopped the loop (an error or a signal):
+    rank 0 reports it; the command exits 0 on the other ranks."""
 
 
 def read_ledger(log_root: str | Path) -> Ledger:
@@ -743,17 +752,20 @@ class RecoveryLoop:
         """Run ``work`` on rank 0 only; then every rank holds rank 0's ledger and
         ``work``'s result, or raises its error (one process: just ``work()``)."""
         result: _T | None = None
-        error: Exception | None = None
+        error: BaseException | None = None
         if self.ranks.leader:
             try:
                 result = work()
-            except Exception as caught:  # every rank must hear of it, or they would hang
+            except BaseException as caught:  # every rank must hear of it, or they would hang
                 error = caught
         if self.ranks.fabric is not None:
-            shared = error if _picklable(error) else RuntimeError(f"on rank 0: {error!r}")
-            self.ledger, result, shared = self.ranks.from_leader((self.ledger, result, shared))
-            if shared is not None and not self.ranks.leader:
-                raise shared
+            message = None if error is None else f"{type(error).__name__}: {error}"
+            payload = (self.ledger, result, message)
+            if not _round_trips(payload):
+                payload = (self.ledger, None, message or "rank 0's result cannot be sent")
+            self.ledger, result, message = self.ranks.from_leader(payload)
+            if message is not None and not self.ranks.leader:
+                raise RankZeroStopped(f"rank 0 stopped the loop: {message}")
         if error is not None:
             raise error
         return result  # type: ignore[return-value]
@@ -763,6 +775,10 @@ class RecoveryLoop:
     def _check_same_config(self) -> None:
         saved = dict(self.ledger.config)
         saved.pop("log_root", None)
+        # A ledger of an older lit-spikes lacks newer fields: they hold their defaults.
+        # Unknown or refused fields: compared as written, and named below.
+        with suppress(ValueError, TypeError):
+            saved = RecoverConfig.from_dict({**saved, "log_root": str(self.root)}).identity()
         now = self.config.identity()
         differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         if differ:
@@ -800,7 +816,7 @@ class RecoveryLoop:
                 self.run_branch(active[0])
             else:
                 self._on_leader(self._plan_or_finish)
-        return self.result()
+        return self._on_leader(self.result)  # it reads the histories: rank 0's files
 
     def _plan_or_finish(self) -> None:
         if not self.plan_next():
@@ -1098,8 +1114,13 @@ class RecoveryLoop:
         ]
         if preempted:  # every rank saved and stopped at the same step
             saved = preempted[0].saved_path
-            self._on_leader(lambda: self.event("interrupted", branch=record.name, checkpoint=saved))
-            raise _Interrupted(int(preempted[0].received or signal.SIGINT))
+            received = int(preempted[0].received or signal.SIGINT)
+
+            def interrupted() -> int:
+                self.event("interrupted", branch=record.name, checkpoint=saved)
+                return received
+
+            raise _Interrupted(self._on_leader(interrupted))  # rank 0's signal on every rank
         if gate.stop_spike is None and trainer.global_step >= config.steps:
             final = checkpoint_path(run_dir, config.steps)
             if self._on_leader(lambda: not final.is_file()):
@@ -1580,8 +1601,11 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
     console = Console() if Console().is_terminal else Console(width=160)
     try:
         return recover(config, console, progress_bar=args.progress, fresh=args.fresh)
+    except RankZeroStopped:
+        raise SystemExit(0) from None  # rank 0 says why, and exits with the status
     except _Interrupted as stop:
-        console = console if getattr(rank_zero_only, "rank", 0) == 0 else Console(quiet=True)
+        if getattr(rank_zero_only, "rank", 0) != 0:
+            raise SystemExit(0) from None  # as above: Lightning's launcher would kill rank 0
         console.print(
             f"Stopped by {signal.Signals(stop.signum).name}; the ledger "
             f"{config.log_root / LEDGER_NAME} says where: run the same command to continue."

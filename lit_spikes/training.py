@@ -42,8 +42,8 @@ def quiet_branches() -> Iterator[None]:
     every other warning still shows."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
+    for logger in loggers:  # never lower a level a user raised
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
     try:
         with warnings.catch_warnings():
             for message in BRANCH_WARNINGS:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from lit_spikes.cli import build_cli
 from lit_spikes.progress import StepProgressBar, with_step_progress_bar
@@ -27,14 +28,22 @@ def test_the_bar_counts_global_steps_from_a_resumed_step(tmp_path: Path) -> None
     bar = {"enable_progress_bar": True, "callbacks": [StepProgressBar()]}
     full = fit(tmp_path, "full", N, checkpoint_every=K, **bar)  # type: ignore[arg-type]
     assert train_bar(full.trainer) == (N, N, "Step")
+    first_seen: list[tuple[float, float | None, str]] = []
+
+    class FirstStep(Callback):
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            if not first_seen:
+                first_seen.append(train_bar(trainer))
+
     resumed = fit(
         tmp_path,
         "resumed",
         N,
         ckpt_path=checkpoint_path(tmp_path / "full", K),
         enable_progress_bar=True,
-        callbacks=[StepProgressBar()],
+        callbacks=[StepProgressBar(), FirstStep()],
     )
+    assert first_seen == [(K, N, "Step")]  # it starts where the checkpoint is
     assert train_bar(resumed.trainer) == (N, N, "Step")  # Lightning's own: N of N - K
     trainer = RunSpec(tmp_path, "spec", N, progress_bar=True).trainer()
     assert sum(isinstance(cb, StepProgressBar) for cb in trainer.callbacks) == 1  # type: ignore[attr-defined]

@@ -7,9 +7,11 @@ preemption, sent to rank 0 only) and run again, it ends bit-equal to the uninter
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +78,8 @@ def test_recover_under_ddp_decides_once_and_trains_on_both_ranks(
     root, stdout = uninterrupted
     ledger = read_ledger(root)
     assert ledger.status == "done" and ledger.config["devices"] == 2
-    # The same spikes and choices as the single-process loop's (a poisoned batch spikes
-    # both shards): rank 0 decided, rank 1 followed.
+    # The spikes and choices test_recover asserts for the single-process loop (a poisoned
+    # batch spikes both shards): rank 0 decided, rank 1 followed.
     first, second = ledger.interventions
     assert (first.spike["step"], first.ckpt_step, second.spike["step"]) == (28, 20, 41)
     assert first.accepted == "spike1/skip_data"
@@ -87,7 +89,12 @@ def test_recover_under_ddp_decides_once_and_trains_on_both_ranks(
         steps = [r for r in read_history(root / branch.name / HISTORY_NAME) if "step" in r]
         assert steps and all(len(r["rank_loss"]) == 2 for r in steps), branch.name
         assert len({r["step"] for r in steps}) == len(steps), branch.name
-        assert all(r["loss"] == sum(r["rank_loss"]) / 2 for r in steps)
+        # each rank trained its own rows: their losses differ
+        assert all(r["rank_loss"][0] != r["rank_loss"][1] for r in steps), branch.name
+    # The detector judged the same global value the history holds.
+    base = {r["step"]: r for r in read_history(root / "base" / HISTORY_NAME) if "step" in r}
+    assert base[28]["loss"] == first.spike["value"]
+    assert first.spike["rank_values"] == base[28]["rank_loss"]
     final = load_ckpt(ledger.totals.final_ckpt if ledger.totals else "")
     assert final["global_step"] == tiny_config(root).steps
     assert final["lit_spikes"]["fingerprint"]["world_size"] == 2
@@ -98,8 +105,14 @@ def test_sigterm_to_rank_0_then_the_same_command_ends_bit_equal(
     tmp_path: Path, uninterrupted: tuple[Path, str]
 ) -> None:
     argv, root = command(tmp_path, "preempted")
+    log = tmp_path / "preempted.log"
     child = subprocess.Popen(
-        argv, cwd=REPO, env=ddp_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        argv,
+        cwd=REPO,
+        env=ddp_env(),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # rank 1 joins its group: one killpg ends both if it fails
     )
     # Preempted mid-branch: the second remedy, after the first was rejected, has trained
     # a few steps from its step-20 checkpoint (outside a branch a SIGTERM kills at once,
@@ -112,11 +125,12 @@ def test_sigterm_to_rank_0_then_the_same_command_ends_bit_equal(
             "the second remedy trained 5 steps",
             TIMEOUT_S,
         )
-        child.send_signal(signal.SIGTERM)
-        _, stderr = child.communicate(timeout=TIMEOUT_S)
+        child.send_signal(signal.SIGTERM)  # rank 0 only
+        child.wait(timeout=TIMEOUT_S)
     finally:
-        child.kill()
-    assert child.returncode == 128 + signal.SIGTERM, stderr.decode()[-4000:]
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 128 + signal.SIGTERM, log.read_text()[-4000:]
     stopped = read_ledger(root)
     assert stopped.status == "running" and stopped.events[-1]["event"] == "interrupted"
     saved = Path(stopped.events[-1]["checkpoint"])  # both ranks agreed on the step
@@ -135,3 +149,20 @@ def test_sigterm_to_rank_0_then_the_same_command_ends_bit_equal(
     assert_states_equal(
         load_ckpt(resumed.totals.final_ckpt), load_ckpt(reference.totals.final_ckpt)
     )
+
+
+@pytest.mark.slow
+def test_a_ledger_of_other_arguments_stops_both_ranks_with_rank_0s_error(
+    tmp_path: Path, uninterrupted: tuple[Path, str]
+) -> None:
+    root, _ = uninterrupted
+    before = (root / "ledger.json").read_text()
+    argv, _ = command(tmp_path, "other")
+    argv[argv.index("--log-root") + 1] = str(root)
+    argv += ["--lr-factor", "0.25"]
+    done = subprocess.run(
+        argv, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 2, done.stderr[-4000:]  # the parser's error, from rank 0
+    assert done.stderr.count("was written with other arguments (lr_factor") == 1
+    assert (root / "ledger.json").read_text() == before
