@@ -700,6 +700,13 @@ class _Ranks:
         shared: _T = self.fabric.broadcast(value, src=0)
         return shared
 
+    def close(self) -> None:
+        """Tear the process group down before the interpreter does: left to exit, gloo's
+        threads can abort the process ("terminate called without an active exception")
+        once another rank has gone."""
+        if self.fabric is not None and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 class RecoveryLoop:
     """The loop behind ``recover``; its state is the ledger, rewritten after every event.
@@ -736,7 +743,11 @@ class RecoveryLoop:
         self.path = self.root / LEDGER_NAME
         self.ledger = Ledger(config=config.to_dict())
         self._clock = time.perf_counter()
-        self._on_leader(lambda: self._open(fresh))
+        try:
+            self._on_leader(lambda: self._open(fresh))
+        except BaseException:
+            self.ranks.close()
+            raise
 
     def _open(self, fresh: bool) -> None:
         if fresh and self.root.exists():
@@ -1408,7 +1419,10 @@ def recover(
         ValueError: a ledger under ``config.log_root`` written with other arguments.
     """
     loop = RecoveryLoop(config, console, progress_bar, extra_callbacks, fresh)
-    result = loop.run()
+    try:
+        result = loop.run()
+    finally:
+        loop.ranks.close()
     if console is not None:
         print_ledger(result.ledger, loop.console)  # quiet on every rank but 0
     return result
