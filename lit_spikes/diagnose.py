@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 from rich.table import Table
@@ -485,9 +486,9 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
     """
     values: dict[str, Any] = {}
     if args.data_config is not None:
-        try:
-            loaded = json.loads(args.data_config.read_text())
-        except (OSError, json.JSONDecodeError) as error:
+        try:  # YAML, as recover's --config (configs/recover.yaml); JSON is YAML too
+            loaded = yaml.safe_load(args.data_config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
             raise ValueError(f"--data-config {args.data_config}: {error}") from None
         loaded = loaded.get("config", loaded)  # a recover ledger holds its config
         values = dict(loaded.get("data", loaded))

@@ -164,3 +164,20 @@ def test_the_default_spike_is_state_caused(tmp_path: Path) -> None:
     assert verdict.same_data.bit_equal and 150 in verdict.same_data.flagged
     assert verdict.other_data is not None and verdict.other_data.skipped == (145, 176)
     assert verdict.other_data.spiked
+
+
+def test_data_config_reads_the_recover_yaml() -> None:
+    """``--data-config`` takes a RecoverConfig file as recover's ``--config`` does: YAML."""
+    from lit_spikes.diagnose import build_parser, data_from_args
+
+    args = build_parser().parse_args(
+        [
+            "--ckpt",
+            "unused.ckpt",
+            "--spike-step",
+            "150",
+            "--data-config",
+            str(ROOT / "configs" / "recover.yaml"),
+        ]
+    )
+    assert data_from_args(args) == DataConfig()  # configs/recover.yaml holds the defaults
