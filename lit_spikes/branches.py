@@ -8,6 +8,7 @@ exactly what it would alone) and shows one overall progress display.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import threading
 import time
@@ -458,7 +459,18 @@ def run_branches(
 
 
 def _ckpt_step(path: Path | None) -> int:
-    """The global step a branch starts at: that of its checkpoint, or 0."""
+    """The global step a branch starts at: that of its checkpoint, or 0. Read once per
+    file version: a runner asks for it as it submits each branch of that file, from a
+    callback of the training run that writes them."""
     if path is None:
         return 0
+    try:
+        version = Path(path).stat().st_mtime_ns
+    except OSError:
+        return int(load_checkpoint(path)["global_step"])  # its clear error
+    return _file_step(str(path), version)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_step(path: str, mtime_ns: int) -> int:
     return int(load_checkpoint(path)["global_step"])

@@ -64,7 +64,13 @@ from callbacks.rollback import RollbackRestore
 from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
+from lit_spikes.module import (
+    DEFAULT_MODEL_SEED,
+    LOGGED_AS,
+    STEP_SCALARS,
+    OptimConfig,
+    TinyGPTModule,
+)
 from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path, quiet_branches
 from lit_spikes.world import WorldConfig
 
@@ -452,6 +458,10 @@ def _round_trips(value: Any) -> bool:
     return True
 
 
+class LedgerMismatch(ValueError):
+    """A ledger written with other arguments than this run's."""
+
+
 class RankZeroStopped(RuntimeError):
     """Raised on the other ranks when rank 0 stopped the loop (an error or a signal):
     rank 0 reports it; the command exits 0 on the other ranks."""
@@ -578,7 +588,7 @@ class _SpikeGate(Callback):
         step = int(record["step"])
         new = self.detector.spikes[self._seen :]
         self._seen = len(self.detector.spikes)
-        dropped = set(skip_stepped(trainer_callbacks(trainer)))
+        dropped = set(skip_stepped(trainer_callbacks(trainer))) if new else set()
         for spike in new:
             if self.mode == "stop" and int(spike["step"]) not in dropped:
                 self.stop_spike = self.stop_spike or {**spike, "position": record["position"]}
@@ -794,7 +804,7 @@ class RecoveryLoop:
         differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         if differ:
             detail = "; ".join(f"{k}: ledger {saved.get(k)!r}, now {now.get(k)!r}" for k in differ)
-            raise ValueError(
+            raise LedgerMismatch(
                 f"{self.path} was written with other arguments ({detail}): restart with the "
                 "same arguments to continue it, or pass --fresh (fresh=True) to start over"
             )
@@ -1369,13 +1379,8 @@ class RecoveryLoop:
         )
 
 
-TAGS = {
-    "loss": "train/loss",
-    "max_logit": "train/max_logit",
-    "lr": "lr",
-    "grad_norm": "grad_norm",
-    "position": "data/position",
-}
+TAGS = {"loss": "train/loss", **{key: LOGGED_AS.get(key, key) for key in STEP_SCALARS}}
+"""The per-step tags of the stitched run: those every branch logs (``TinyGPTModule``)."""
 
 
 def write_stitched_run(
@@ -1625,10 +1630,8 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
             f"{config.log_root / LEDGER_NAME} says where: run the same command to continue."
         )
         raise SystemExit(128 + stop.signum) from None
-    except ValueError as error:
-        if "written with other arguments" in str(error):
-            parser.error(str(error))
-        raise
+    except LedgerMismatch as error:
+        parser.error(str(error))
 
 
 if __name__ == "__main__":

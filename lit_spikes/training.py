@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -52,6 +52,16 @@ def quiet_branches() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def ddp_env(repo: str | Path) -> dict[str, str]:
+    """Environment for a script that launches DDP processes itself on this machine: one
+    thread each, ``repo`` importable, and none of a surrounding launcher's variables
+    (SLURM, torchrun), which Lightning would follow instead of starting a fresh group."""
+    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
+    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
+    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
 
 
 def step_checkpoint(dirpath: str | Path, every_n_steps: int) -> ModelCheckpoint:
@@ -144,8 +154,3 @@ class RunSpec:
         }
         kwargs.update(self.trainer_kwargs)
         return pl.Trainer(**kwargs)
-
-
-def final_state(module: pl.LightningModule) -> dict[str, torch.Tensor]:
-    """A detached deep copy of the module's parameters and buffers."""
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -45,7 +45,7 @@ from lit_spikes.main_job import run_main_job
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
 from lit_spikes.plain import evaluate_bpc, train_plain
-from lit_spikes.training import RunSpec
+from lit_spikes.training import RunSpec, ddp_env
 
 
 class StepTimer(Callback):
@@ -310,9 +310,7 @@ def ddp_worker(devices: int, steps: int, warmup: int, root: str) -> None:
 
 def time_processes(devices: int, steps: int, warmup: int, root: Path) -> float:
     """ms/step of one ``ddp_worker`` run on ``devices`` processes (started fresh)."""
-    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE"}
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = ddp_env(Path(__file__).resolve().parent.parent)
     command = [sys.executable, str(Path(__file__).resolve()), "--ddp-worker", str(devices)]
     command += ["--steps", str(steps), "--warmup", str(warmup), "--root", str(root)]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
@@ -445,7 +443,7 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     table.add_column("all repeats", justify="right")
     table.add_row("plain PyTorch", f"{p:.1f}", " ".join(f"{v:.1f}" for v in plain_ms))
     table.add_row(
-        "Lightning (TensorBoard every step, spike detector, checkpoint every 50)",
+        "Lightning (TensorBoard every step, spike detector)",
         f"{lt:.1f}",
         " ".join(f"{v:.1f}" for v in lightning_ms),
     )

@@ -3,7 +3,6 @@ well under a second per run, with the same code path as the demos."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 import warnings
@@ -22,6 +21,7 @@ from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
 from lit_spikes.training import RunSpec
+from lit_spikes.training import ddp_env as training_ddp_env
 from lit_spikes.world import WorldConfig
 
 TINY_GPT = GPTConfig(n_layer=2, n_head=2, d_model=16, block_size=16)
@@ -110,13 +110,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def ddp_env() -> dict[str, str]:
-    """Environment for a test that launches DDP processes itself: one thread each, the repo
-    importable, and none of a surrounding launcher's variables (SLURM, torchrun), which
-    Lightning would follow instead of starting a fresh group on this machine."""
-    launcher = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"}
-    launcher |= {"WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}
-    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
-    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    """Environment for a test that launches DDP processes itself (``training.ddp_env``)."""
+    return training_ddp_env(REPO)
 
 
 def _resume_step(ckpt_path: str | Path | None) -> int | None:
