@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import os
 import threading
 import time
 import warnings
@@ -86,6 +87,10 @@ class BranchResult:
     start_step: int
     wall_s: float
     callback_states: dict[str, Any] = field(default_factory=dict)
+    started_at: float = 0.0
+    """``time.time()`` when it began: with ``wall_s`` and ``pid``, a timeline of a job."""
+    pid: int = 0
+    """The process that trained it."""
 
     def losses(self) -> dict[int, float]:
         return {int(r["step"]): r["loss"] for r in self.history}
@@ -131,7 +136,7 @@ def run_branch(
     branch: Branch, log_root: Path, progress_queue: Any = None, progress_bar: bool = True
 ) -> BranchResult:
     """Train one branch to its end and collect its results."""
-    start = time.perf_counter()
+    started_at, start = time.time(), time.perf_counter()
     module = TinyGPTModule(gpt=branch.gpt, optim=branch.optim, model_seed=branch.model_seed)
     datamodule = StepDataModule(branch.data)
     callbacks = list(branch.callbacks)
@@ -172,6 +177,8 @@ def run_branch(
         callback_states={
             type(cb).__name__: cb.state_dict() for cb in branch.callbacks if cb.state_dict()
         },
+        started_at=started_at,
+        pid=os.getpid(),
     )
 
 
@@ -290,6 +297,8 @@ class BranchRunner:
         self._pending: deque[Branch] = deque()
         self._lock = threading.Lock()
         self._drain_error: BaseException | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
 
     def __enter__(self) -> BranchRunner:
         context = _context()
@@ -310,10 +319,21 @@ class BranchRunner:
             )
         )
         # Workers start on demand: start them all now, so that they are ready when the
-        # first branches are submitted (each submit finding none idle starts one).
-        for _ in range(self.workers):
-            self._pool.submit(_ready)
+        # first branches are submitted (each submit finding none idle starts one). The
+        # first start waits seconds for the server's imports: a thread waits, so that
+        # a branch can train here meanwhile; nothing goes to the pool until it is done.
+        self._starter = threading.Thread(target=self._start_workers, daemon=True)
+        self._starter.start()
         return self
+
+    def _start_workers(self) -> None:
+        try:
+            for _ in range(self.workers):
+                self._pool.submit(_ready)
+        except BaseException as error:  # e.g. the server failed to start: dispatch raises it
+            self._start_error = error
+        finally:
+            self._started.set()
 
     def __exit__(
         self,
@@ -321,6 +341,7 @@ class BranchRunner:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        self._starter.join()  # before the pool shuts down
         self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:
@@ -336,6 +357,10 @@ class BranchRunner:
     def _dispatch(self) -> None:
         """Hand queued branches to free workers (the caller holds the lock). Branches go
         to the pool one per free worker only, so the queue stays here to be shared."""
+        if not self._started.is_set():
+            return  # the workers are still starting: the branches wait here
+        if self._start_error is not None:
+            raise self._start_error
         busy = sum(not future.done() for future in self._futures)
         while self._pending and busy < self.workers:
             branch = self._pending.popleft()

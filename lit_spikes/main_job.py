@@ -54,6 +54,8 @@ class MainJobResult:
     """The whole job: training, tables, figures."""
     train_s: float
     """Its training: from the start to the last branch's end."""
+    results: dict[str, BranchResult]
+    """Every run by name, the reference included."""
 
 
 def mirror_reference_logs(setup: DemoSetup) -> None:
@@ -199,7 +201,7 @@ def run_main_job(
             console.print(f"Figure: {figure}")
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
-    return MainJobResult(reference, demo1, demo2, ledger, wall, train)
+    return MainJobResult(reference, demo1, demo2, ledger, wall, train, results)
 
 
 def _run_in_parallel(
