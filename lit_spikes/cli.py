@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from callbacks.preemption import PreemptionCheckpoint
@@ -35,6 +34,7 @@ from lit_spikes.checkpoints import (
 from lit_spikes.data import StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.progress import with_step_progress_bar
+from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class LitSpikesCLI(LightningCLI):
             configured = configured if isinstance(configured, list) else [configured]
             callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
         if trainer_config.get("logger") in (None, True):
-            trainer_config["logger"] = TensorBoardLogger(
+            trainer_config["logger"] = TensorBoardStepLogger(
                 save_dir=root, name="", version="", purge_step=getattr(self, "_resume_step", None)
             )
         if not trainer_config.get("plugins"):

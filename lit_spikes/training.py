@@ -13,10 +13,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.progress import with_step_progress_bar
+from lit_spikes.tb import TensorBoardStepLogger
 
 CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
@@ -129,7 +129,7 @@ class RunSpec:
         if self.progress_bar:
             callbacks = with_step_progress_bar(callbacks)
         remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)
-        logger = TensorBoardLogger(
+        logger = TensorBoardStepLogger(
             save_dir=str(self.log_root),
             name=self.name,
             version="",

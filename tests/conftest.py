@@ -139,6 +139,23 @@ class NaNLossModule(TinyGPTModule):
         self.model.forward = poisoned  # type: ignore[method-assign]
 
 
+def tb_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard reads from a run directory: ``(step, value)`` per tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def tb_steps(run_dir: str | Path) -> dict[str, list[int]]:
+    """The steps of each scalar tag of a run directory, in TensorBoard's order."""
+    return {tag: [step for step, _ in values] for tag, values in tb_scalars(run_dir).items()}
+
+
 def load_ckpt(path: str | Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 

@@ -285,12 +285,12 @@ def test_train_loss_goes_through_self_log_only_where_it_is_read(tmp_path: Path) 
     when a progress bar or a `monitor="train/loss"` callback reads it (self.log costs 2%)."""
     from lightning.pytorch.callbacks import EarlyStopping
 
-    from tests.test_demos import _scalars
+    from tests.conftest import tb_steps
 
     quiet = fit(tmp_path, "quiet", 5)
     assert "train/loss" not in quiet.trainer.callback_metrics
-    assert _scalars(quiet.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
+    assert tb_steps(quiet.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
     monitor = EarlyStopping(monitor="train/loss", check_on_train_epoch_end=True, patience=100)
     watched = fit(tmp_path, "watched", 5, callbacks=[monitor])
     assert float(watched.trainer.callback_metrics["train/loss"]) == watched.losses[4]
-    assert _scalars(watched.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
+    assert tb_steps(watched.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from lit_spikes.demos import DemoSetup, PalmCost
 from lit_spikes.main_job import MainJobResult, run_main_job
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, tb_steps
 
 pytestmark = pytest.mark.slow
 
@@ -78,16 +78,6 @@ def test_palm_cost_matches_the_paper_numbers() -> None:
 TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position", "val/bpc"}
 
 
-def _scalars(run_dir: Path) -> dict[str, list[int]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {
-        tag: [e.step for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
-    }
-
-
 def test_tensorboard_runs_overlay_on_one_step_axis(
     main_job: tuple[DemoSetup, MainJobResult, str],
 ) -> None:
@@ -110,7 +100,7 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
         "demo2/skip_straddle",
     ]
     for run in runs:
-        scalars = _scalars(run)
+        scalars = tb_steps(run)
         assert scalars.keys() >= TAGS, run
         steps = scalars["train/loss"]
         assert len(steps) == len(set(steps)), f"{run}: a step logged twice"
@@ -120,7 +110,7 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
         # the reference validates every 20 steps, the branches once, at their end
         every = setup.val_every if run.name == "reference" else n
         assert scalars["val/bpc"] == [s - 1 for s in range(every, n + 1, every)]
-    assert _scalars(setup.log_root / "demo1/reference")["spike/loss"] == [28]
+    assert tb_steps(setup.log_root / "demo1/reference")["spike/loss"] == [28]
 
 
 def test_tensorboard_hparams_layout_and_tables(

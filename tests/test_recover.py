@@ -37,6 +37,7 @@ from tests.conftest import (
     TINY_OPTIM,
     assert_states_equal,
     load_ckpt,
+    tb_scalars,
     wait_for,
 )
 
@@ -202,17 +203,6 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
     assert read_ledger(root).to_dict() == ledger.to_dict()  # the file is the whole story
 
 
-def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    return {
-        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
-        for tag in accumulator.Tags()["scalars"]
-    }
-
-
 @pytest.mark.slow
 def test_tensorboard_has_every_branch_and_the_stitched_lineage(
     uninterrupted: RecoverResult,
@@ -229,8 +219,8 @@ def test_tensorboard_has_every_branch_and_the_stitched_lineage(
     ]
     starts = {"base": 0, "spike1/scale_lr": 20, "spike1/skip_data": 20, "spike2/scale_lr": 30}
     for name, first in starts.items():  # each on the shared step axis, from its checkpoint
-        assert _scalars(root / name)["train/loss"][0][0] == first, name
-    stitched = _scalars(root / ACCEPTED_RUN)
+        assert tb_scalars(root / name)["train/loss"][0][0] == first, name
+    stitched = tb_scalars(root / ACCEPTED_RUN)
     lineage = steps_of(uninterrupted.lineage)
     assert stitched["train/loss"] == [(r["step"], r["loss"]) for r in lineage]  # float32 both
     assert [s for s, _ in stitched["data/position"]] == list(range(N))

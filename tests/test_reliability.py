@@ -28,7 +28,15 @@ from lit_spikes.checkpoints import (
 )
 from lit_spikes.cli import main as cli_main
 from lit_spikes.training import checkpoint_path
-from tests.conftest import TINY_CLI, TINY_DATA, TINY_GPT, TINY_OPTIM, fit, load_ckpt
+from tests.conftest import (
+    TINY_CLI,
+    TINY_DATA,
+    TINY_GPT,
+    TINY_OPTIM,
+    fit,
+    load_ckpt,
+    tb_scalars,
+)
 
 N, K, EVERY = 20, 10, 5
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,21 +284,15 @@ def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(tmp_path: Pa
 
 
 def test_resuming_into_the_same_run_purges_stale_steps(tmp_path: Path) -> None:
-    from tests.test_demos import _scalars
-
     first = fit(tmp_path, "run", N, checkpoint_every=EVERY)
     ckpt = checkpoint_path(first.spec.run_dir, K)
     # A crash after step 20 is replayed from step 10 with other data: steps 10-19 of the
     # first attempt are stale and must not show.
     with pytest.warns(UserWarning, match="data seed"):
         again = fit(tmp_path, "run", N, ckpt_path=ckpt, data=replace(TINY_DATA, seed=9))
-    steps = _scalars(first.spec.run_dir)["train/loss"]
-    assert steps == list(range(N))
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(first.spec.run_dir), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    logged = {e.step: e.value for e in accumulator.Scalars("train/loss")}
+    losses = tb_scalars(first.spec.run_dir)["train/loss"]
+    assert [step for step, _ in losses] == list(range(N))
+    logged = dict(losses)
     for step in range(K, N):
         assert logged[step] == pytest.approx(again.losses[step], rel=1e-6)  # float32 storage
         assert again.losses[step] != first.losses[step]
