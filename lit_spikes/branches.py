@@ -112,13 +112,27 @@ class _Reporter(Callback):
         self.name, self.queue, self.every = name, queue, every
         self.checkpoint_every = checkpoint_every
         self._spikes_sent = 0
+        self._checkpoint_sent = 0
+
+    def _send_checkpoint(self, trainer: pl.Trainer) -> None:
+        # ModelCheckpoint saves in on_train_batch_end, before this step's validation and
+        # the next batch: whichever of those comes first, the file is complete.
+        step = trainer.global_step
+        due = self.checkpoint_every and step and step % self.checkpoint_every == 0
+        if due and step != self._checkpoint_sent:
+            self._checkpoint_sent = step
+            self.queue.put(("checkpoint", self.name, step))
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # Before validating (0.5 s for the demos' reference): the branches waiting for
+        # this file start that much earlier.
+        if not trainer.sanity_checking:
+            self._send_checkpoint(trainer)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        # ModelCheckpoint saved at the end of the previous batch: the file is complete now.
-        step = trainer.global_step
-        if self.checkpoint_every and step and step % self.checkpoint_every == 0:
-            self.queue.put(("checkpoint", self.name, step))
+        self._send_checkpoint(trainer)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:

@@ -17,6 +17,7 @@ N, K = 12, 6
 
 
 def tiny_branch(name: str, ckpt_path: Path | None = None, **changes: Any) -> Branch:
+    settings: dict[str, Any] = {"val_every": None, "trainer_kwargs": {"limit_val_batches": 0}}
     return Branch(
         name,
         N,
@@ -25,9 +26,7 @@ def tiny_branch(name: str, ckpt_path: Path | None = None, **changes: Any) -> Bra
         optim=TINY_OPTIM,
         data=TINY_DATA,
         model_seed=0,
-        val_every=None,
-        trainer_kwargs={"limit_val_batches": 0},
-        **changes,
+        **(settings | changes),
     )
 
 
@@ -65,3 +64,32 @@ def test_runner_trains_every_branch_once_and_each_as_alone(tmp_path: Path) -> No
         assert got.losses() == solo.losses(), child.name
         for key, value in solo.state.items():
             assert torch.equal(value, got.state[key]), f"{child.name}: {key}"
+
+
+def test_checkpoint_is_reported_once_when_written_before_that_steps_validation(
+    tmp_path: Path,
+) -> None:
+    from lightning.pytorch.callbacks import Callback
+
+    order: list[tuple[str, int]] = []
+    ckpt_dir = tmp_path / "reference" / "checkpoints"
+
+    class Queue:
+        def put(self, item: tuple[str, str, Any]) -> None:
+            kind, _, payload = item
+            if kind == "checkpoint":
+                assert (ckpt_dir / f"step={payload}.ckpt").is_file()  # complete: saved
+                order.append((kind, payload))
+
+    class Validated(Callback):
+        def on_validation_end(self, trainer: Any, *args: Any) -> None:
+            order.append(("validated", trainer.global_step))
+
+    branch = tiny_branch(
+        "reference", checkpoint_every=K, val_every=K, callbacks=[Validated()], trainer_kwargs={}
+    )
+    run_branch(branch, tmp_path, Queue())
+    # step K: the file goes out before validation (branches start that much earlier);
+    # step N, the last: validation only comes after it, and no batch start follows.
+    expected = [("checkpoint", K), ("validated", K), ("checkpoint", N), ("validated", N)]
+    assert order == expected
