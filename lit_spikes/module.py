@@ -20,6 +20,7 @@ from typing_extensions import override
 from lit_spikes.data import Batch
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
+from lit_spikes.tb import TensorBoardStepLogger
 
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
@@ -279,6 +280,14 @@ class TinyGPTModule(pl.LightningModule):
                 "position": position,
             }
         )
+
+    @override
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        # The backward pass runs without the GIL: the TensorBoard writer thread's pure-Python
+        # work on the last step's events runs beside it instead of stalling this loop.
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardStepLogger):
+                logger.write_pending()
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

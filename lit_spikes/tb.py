@@ -5,6 +5,7 @@ on one chart, and each demo's table as text."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,39 @@ from typing_extensions import override
 
 class TensorBoardStepLogger(TensorBoardLogger):
     """``TensorBoardLogger`` that writes the scalars of one ``log_metrics`` call as one
-    TensorBoard event (one ``Summary`` with a value per tag) instead of one event per tag.
+    TensorBoard event, and hands its events to TensorBoard's writer thread when the
+    training loop does not need Python's GIL.
 
-    TensorBoard reads the same tags, steps and values (``simple_value``, as ``add_scalar``
-    writes them); each event costs about 70 us to build and queue, so the five scalars
-    logged every step cost 0.07 ms instead of 0.35 ms (1% of a 37 ms step). Values that
-    are not scalars (a dict for ``add_scalars``) go through ``TensorBoardLogger``.
+    TensorBoard reads the same tags, steps, values (``simple_value``, as ``add_scalar``
+    writes them) and wall times. What changes is the cost. One event per step, not one
+    per tag: 0.07 ms instead of 0.35 ms for the five per-step scalars. And TensorBoard's
+    writer thread checksums each event in pure Python, holding the GIL: started right
+    after a step, it stalled the next step's Python (the batch fetch took 0.4 ms instead
+    of 0.2). So events wait here until ``write_pending``, which ``TinyGPTModule`` calls
+    right before the backward pass (it runs without the GIL, so the writer works beside
+    it), and ``save``, ``finalize`` or ``max_pending`` waiting events call too.
+    Values that are not scalars (a dict for ``add_scalars``) go through
+    ``TensorBoardLogger`` at once.
+
+    Args:
+        *args: ``TensorBoardLogger``'s (``save_dir``, ``name``, ...).
+        max_pending: write the waiting events once this many wait (so that a run of
+            another module still shows in TensorBoard as it trains).
+        **kwargs: ``TensorBoardLogger``'s.
+
+    Raises:
+        ValueError: ``max_pending`` below 1.
 
     Example:
         >>> trainer = pl.Trainer(logger=TensorBoardStepLogger("runs", name="mine", version=""))
     """
+
+    def __init__(self, *args: Any, max_pending: int = 100, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if max_pending < 1:
+            raise ValueError(f"max_pending={max_pending} must be >= 1")
+        self.max_pending = max_pending
+        self._pending: list[tuple[Summary, int | None, float]] = []
 
     @override
     @rank_zero_only
@@ -48,10 +72,34 @@ class TensorBoardStepLogger(TensorBoardLogger):
             summary = Summary(
                 value=[Summary.Value(tag=tag, simple_value=v) for tag, v in tagged.items()]
             )
-            # The writer behind add_scalar (created on first use, with purge_step applied).
-            self.experiment._get_file_writer().add_summary(summary, step)
+            self._pending.append((summary, step, time.time()))
+            if len(self._pending) >= self.max_pending:
+                self.write_pending()
         if others:
             super().log_metrics(others, step)
+
+    @rank_zero_only
+    def write_pending(self) -> None:
+        """Hand the waiting events to TensorBoard's writer thread."""
+        if not self._pending:
+            return
+        # The writer behind add_scalar (created on first use, with purge_step applied).
+        writer = self.experiment._get_file_writer()
+        for summary, step, wall_time in self._pending:
+            writer.add_summary(summary, step, wall_time)
+        self._pending.clear()
+
+    @override
+    @rank_zero_only
+    def save(self) -> None:
+        self.write_pending()
+        super().save()
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self.write_pending()
+        super().finalize(status)
 
 
 LAYOUT = {

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
+import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from lit_spikes.tb import TensorBoardStepLogger
-from tests.conftest import tb_scalars
+from tests.conftest import fit, tb_scalars
 
 STEPS = [
     {"train/loss": torch.tensor(3.25), "lr": 0.1, "data/position": 7},
@@ -44,8 +48,36 @@ def test_same_scalars_as_tensorboard_logger_in_one_event_per_call(tmp_path: Path
 
 def test_non_scalar_values_go_through_tensorboard_logger(tmp_path: Path) -> None:
     logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
-    logger.log_metrics({"loss": 1.0, "pair": {"a": 1.0, "b": 2.0}}, step=0)  # type: ignore[dict-item]
+    logger.log_metrics({"loss": 1.0, "pair": {"a": 1.0, "b": 2.0}}, step=0)
     logger.finalize("success")
     assert tb_scalars(tmp_path / "run") == {"loss": [(0, 1.0)]}
     # add_scalars writes each entry of the dict as a run of its own: run/pair_a, run/pair_b
     assert tb_scalars(tmp_path / "run" / "pair_a") == {"pair": [(0, 1.0)]}
+
+
+def test_waiting_events_are_written_by_save_and_past_max_pending(tmp_path: Path) -> None:
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="", max_pending=2)
+    for step in range(3):
+        logger.log_metrics({"loss": float(step)}, step=step)
+    logger.experiment.flush()  # what the writer thread has: the first two, written at 2
+    assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0)]}
+    logger.save()
+    assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
+    with pytest.raises(ValueError, match="max_pending=0 must be >= 1"):
+        TensorBoardStepLogger(str(tmp_path), max_pending=0)
+
+
+def test_a_steps_scalars_reach_the_writer_at_the_next_backward(tmp_path: Path) -> None:
+    """TinyGPTModule hands step k - 1's scalars to TensorBoard's writer thread right
+    before step k's backward pass (which runs without the GIL), not at step k - 1's end."""
+    written: dict[int, list[int]] = {}
+
+    class Probe(Callback):
+        def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+            trainer.logger.experiment.flush()
+            steps = tb_scalars(trainer.log_dir).get("train/loss", [])
+            written[trainer.global_step] = [step for step, _ in steps]
+
+    run = fit(tmp_path, "run", 4, callbacks=[Probe()])
+    assert written == {k: list(range(k)) for k in range(4)}
+    assert [s for s, _ in tb_scalars(run.spec.run_dir)["train/loss"]] == [0, 1, 2, 3]
