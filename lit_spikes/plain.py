@@ -9,6 +9,7 @@ from it (``lit_spikes.snapshot`` copies, so the snapshot survives every resume).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -54,8 +55,10 @@ def train_plain(
     if resume is not None:
         restore_snapshot(resume, model, optimizer)
         start = resume.step
-        for _ in range(start):  # the schedule is a function of the step: replay it
-            scheduler.step()
+        with warnings.catch_warnings():  # replaying, no optimizer step is missing
+            warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*before.*optimizer")
+            for _ in range(start):  # the schedule is a function of the step: replay it
+                scheduler.step()
     batches = iter(StepDataModule(data_config).stream(start))
     if resume is None:
         seed_rngs(train_seed)
