@@ -1,12 +1,13 @@
 """`make bench`: figures measured side by side in one run, on this machine.
 
 1. Loop overhead: ms/step of the Lightning loop as the demos run it (TensorBoard logging
-   every step, spike detector on, progress bar off) against a plain PyTorch loop on the
-   same model, batches and thread count; interleaved repetitions, medians, their ratio.
+   every step, spike detector on, a checkpoint every 50 steps, progress bar off) against a
+   plain PyTorch loop on the same model, batches and thread count; interleaved
+   repetitions, medians, their ratio.
 2. Main job against the seed's way: the training of `make demo` (reference + all branches
    of demos 1 and 2, in parallel workers from real checkpoints) against the same steps run
-   serially by a plain loop branching from an in-memory snapshot (``--skip-main-job``
-   leaves this part out).
+   serially by a plain loop branching from an in-memory snapshot; interleaved pairs, the
+   median ratio (``--skip-main-job`` leaves this part out).
 3. Checkpoint cost and size against 12 bytes per parameter.
 4. Spike detector cost per step, and spike-to-remedy latency.
 5. Model speed against d_model and context, FLOP/s against the matmul peak.
@@ -46,6 +47,8 @@ from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
 from lit_spikes.plain import evaluate_bpc, train_plain
 from lit_spikes.training import RunSpec, ddp_env
+
+DEMO_CHECKPOINT_EVERY = DemoSetup().checkpoint_every
 
 
 class StepTimer(Callback):
@@ -92,12 +95,13 @@ def time_plain(steps: int, warmup: int, compile_model: bool = False) -> tuple[fl
     return ms_per_step(starts, warmup), starts[0] - begin
 
 
-def time_lightning(steps: int, warmup: int, root: Path) -> float:
+def time_lightning(steps: int, warmup: int, root: Path, checkpoint_every: int | None) -> float:
     timer = StepTimer()
     spec = RunSpec(
         root,
         "bench",
         steps,
+        checkpoint_every=checkpoint_every,
         callbacks=[timer, SpikeDetector()],
         progress_bar=False,
         trainer_kwargs={"limit_val_batches": 0},
@@ -391,6 +395,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
     parser.add_argument(
+        "--main-job-repeats", type=int, default=3, help="part 2's pairs (about 150 s each)"
+    )
+    parser.add_argument(
         "--parts", default="1,2,3,4,5,6,7", help="comma-separated parts to run (default: all)"
     )
     parser.add_argument("--ddp-worker", type=int, help=argparse.SUPPRESS)
@@ -399,6 +406,8 @@ def main() -> None:
     if args.ddp_worker is not None:
         ddp_worker(args.ddp_worker, args.steps, args.warmup, args.root)
         return
+    if args.main_job_repeats < 1:
+        parser.error(f"--main-job-repeats={args.main_job_repeats} must be >= 1")
     if not 0 <= args.warmup < args.steps - 1:
         parser.error(f"--warmup={args.warmup} must be in [0, --steps - 1)")
     console = Console()
@@ -416,7 +425,7 @@ def main() -> None:
         parts.discard(2)
     step_ms = bench_loop(console, args.steps, args.warmup, args.repeats) if 1 in parts else 33.0
     if 2 in parts:
-        bench_main_job(console)
+        bench_main_job(console, args.main_job_repeats)
     if 3 in parts:
         bench_checkpoints(console)
     if 4 in parts:
@@ -435,15 +444,18 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
             plain_ms.append(time_plain(steps, warmup)[0])
-            lightning_ms.append(time_lightning(steps, warmup, Path(tmp) / str(repeat)))
+            root = Path(tmp) / str(repeat)
+            lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
     p, lt = statistics.median(plain_ms), statistics.median(lightning_ms)
     table = Table(title=f"1. Loop overhead ({repeats} interleaved repeats, medians)")
     table.add_column("loop")
     table.add_column("ms/step", justify="right")
     table.add_column("all repeats", justify="right")
     table.add_row("plain PyTorch", f"{p:.1f}", " ".join(f"{v:.1f}" for v in plain_ms))
+    saves = steps // DEMO_CHECKPOINT_EVERY - warmup // DEMO_CHECKPOINT_EVERY
     table.add_row(
-        "Lightning (TensorBoard every step, spike detector)",
+        f"Lightning (TensorBoard every step, spike detector, checkpoint every "
+        f"{DEMO_CHECKPOINT_EVERY}: {saves} in the {steps - warmup} timed steps)",
         f"{lt:.1f}",
         " ".join(f"{v:.1f}" for v in lightning_ms),
     )
@@ -458,31 +470,43 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     return p
 
 
-def bench_main_job(console: Console) -> None:
-    """Part 2."""
-    with tempfile.TemporaryDirectory() as tmp:
-        setup = DemoSetup(log_root=Path(tmp) / "runs")
-        job = run_main_job(setup, console=Console(quiet=True))
-        branches = len(demo1_branches(setup)) + 4
-        serial_s, serial_steps = seed_way_serial(setup, branches)
-    table = Table(title="2. Main job against the seed's way (training of demos 1 and 2)")
+def bench_main_job(console: Console, repeats: int) -> None:
+    """Part 2: ``repeats`` pairs of (make demo's training, the seed's serial way), taken
+    one after the other; the median of the pair ratios is robust to this VM's drift."""
+    jobs, serials = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            setup = DemoSetup(log_root=Path(tmp) / "runs")
+            job = run_main_job(setup, console=Console(quiet=True))
+            branches = len(demo1_branches(setup)) + 4
+            serial_s, serial_steps = seed_way_serial(setup, branches)
+        jobs.append(job)
+        serials.append(serial_s)
+    train = [job.train_s for job in jobs]
+    table = Table(title=f"2. Main job against the seed's way ({repeats} pairs, medians)")
     table.add_column("way")
     table.add_column("steps", justify="right")
     table.add_column("training wall time (s)", justify="right")
+    table.add_column("all pairs", justify="right")
     table.add_row(
         "make demo: parallel branches from real checkpoints",
         str(serial_steps),
-        f"{job.train_s:.1f}",
+        f"{statistics.median(train):.1f}",
+        " ".join(f"{t:.1f}" for t in train),
     )
     table.add_row(
         "plain loop, serial, branching from an in-memory snapshot",
         str(serial_steps),
-        f"{serial_s:.1f}",
+        f"{statistics.median(serials):.1f}",
+        " ".join(f"{t:.1f}" for t in serials),
     )
     console.print(table)
+    ratios = [t / s for t, s in zip(train, serials, strict=True)]
+    extra = statistics.median(job.wall_s - job.train_s for job in jobs)
     console.print(
-        f"make demo / seed's way: [bold]{job.train_s / serial_s:.2f}[/bold] (training; "
-        f"make demo's tables and figures took {job.wall_s - job.train_s:.1f} s more)"
+        f"make demo / seed's way: [bold]{statistics.median(ratios):.2f}[/bold] (median of "
+        f"paired ratios {' '.join(f'{r:.2f}' for r in ratios)}; training only: make demo's "
+        f"tables and figures took {extra:.1f} s more)"
     )
 
 
