@@ -89,3 +89,16 @@ def test_poisoned_position_is_random_characters() -> None:
     poisoned = [b["x"] for _, b in zip(range(3), dm.stream(0), strict=False)]
     normal = [b["x"] for _, b in zip(range(3), clean.stream(0), strict=False)]
     assert torch.equal(poisoned[1], normal[1]) and not torch.equal(poisoned[2], normal[2])
+
+
+def test_datamodules_of_one_world_share_its_tokens_built_once() -> None:
+    from lit_spikes.data import world_tokens
+
+    first, second = StepDataModule(TINY_DATA), StepDataModule(replace(TINY_DATA, seed=9))
+    first.setup("fit")
+    second.setup("fit")
+    assert first.train_tokens is second.train_tokens  # built and encoded once (45 ms)
+    other = StepDataModule(replace(TINY_DATA, world=replace(TINY_DATA.world, seed=1)))
+    other.setup("fit")
+    assert not torch.equal(other.train_tokens[:1000], first.train_tokens[:1000])
+    assert world_tokens.cache_info().currsize <= 4
