@@ -28,6 +28,7 @@ from lit_spikes.demos import (
     LedgerRow,
     PalmCost,
     SpikePlan,
+    default_workers,
     demo1_branches,
     demo1_columns,
     demo1_report,
@@ -165,7 +166,7 @@ def run_main_job(
     how = (
         f"one after the other across {setup.trainer_kwargs.get('devices')} processes"
         if setup.distributed
-        else f"this process and {setup.workers} workers"
+        else f"this process and {setup.workers} worker{'s' if setup.workers > 1 else ''}"
     )
     console.rule(
         f"Reference run ({setup.steps} steps, checkpoint every {setup.checkpoint_every}) "
@@ -256,7 +257,13 @@ def _run_in_sequence(
 def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-root", type=Path, default=Path("runs"), help="TensorBoard root")
-    parser.add_argument("--workers", type=int, default=2, help="parallel branch processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="branch processes beside this one, which trains too (default: one per other "
+        "core, here %(default)s)",
+    )
     parser.add_argument(
         "--devices",
         type=int,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from lit_spikes.demos import DemoSetup, PalmCost
+from lit_spikes.demos import DEMO_BRANCHES, DemoSetup, PalmCost, default_workers
 from lit_spikes.main_job import MainJobResult, run_main_job
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, tb_steps
 
@@ -64,6 +65,11 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
         assert png.startswith(b"\x89PNG") and len(png) > 10_000
     checkpoints = sorted(p.name for p in (setup.log_root / "demo1/reference/checkpoints").iterdir())
     assert checkpoints == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=40.ckpt"]
+    # every run once, the reference in this process, the branches in it and its workers
+    assert len(result.results) == 1 + DEMO_BRANCHES  # which bounds the default worker count
+    assert result.reference.pid == os.getpid()
+    assert len({run.pid for run in result.results.values()}) <= 1 + setup.workers
+    assert 1 <= default_workers() <= DEMO_BRANCHES
 
 
 def test_palm_cost_matches_the_paper_numbers() -> None:
