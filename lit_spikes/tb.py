@@ -5,6 +5,7 @@ on one chart, and each demo's table as text."""
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,7 @@ class TensorBoardStepLogger(TensorBoardLogger):
     after a step, it stalled the next step's Python (the batch fetch took 0.4 ms instead
     of 0.2). So events wait here until ``write_pending``, which ``TinyGPTModule`` calls
     right before the backward pass (it runs without the GIL, so the writer works beside
-    it), and ``save``, ``finalize`` or ``max_pending`` waiting events call too.
+    it), and ``finalize`` or ``max_pending`` waiting events call too.
     Values that are not scalars (a dict for ``add_scalars``) go through
     ``TensorBoardLogger`` at once.
 
@@ -63,7 +64,7 @@ class TensorBoardStepLogger(TensorBoardLogger):
             scalar: Any = value
             if isinstance(value, Tensor) and value.numel() == 1:
                 scalar = value.item()
-            if isinstance(scalar, (int, float)):
+            if isinstance(scalar, numbers.Real):  # bool, int, float, numpy scalars
                 values.append((key, float(scalar)))
             else:
                 others[key] = value
@@ -76,6 +77,7 @@ class TensorBoardStepLogger(TensorBoardLogger):
             if len(self._pending) >= self.max_pending:
                 self.write_pending()
         if others:
+            self.write_pending()  # keep the file in step order
             super().log_metrics(others, step)
 
     @rank_zero_only
@@ -92,7 +94,10 @@ class TensorBoardStepLogger(TensorBoardLogger):
     @override
     @rank_zero_only
     def save(self) -> None:
-        self.write_pending()
+        # Flushes what the writer thread has; waiting events follow at the next backward
+        # or at finalize. Lightning calls save() after each of its own log_metrics (every
+        # step where self.log feeds a progress bar): writing them here would stall the
+        # next step again.
         super().save()
 
     @override

@@ -55,14 +55,20 @@ def test_non_scalar_values_go_through_tensorboard_logger(tmp_path: Path) -> None
     assert tb_scalars(tmp_path / "run" / "pair_a") == {"pair": [(0, 1.0)]}
 
 
-def test_waiting_events_are_written_by_save_and_past_max_pending(tmp_path: Path) -> None:
-    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="", max_pending=2)
-    for step in range(3):
+def test_waiting_events_are_written_past_max_pending_before_others_and_at_finalize(
+    tmp_path: Path,
+) -> None:
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="", max_pending=3)
+    for step in range(4):
         logger.log_metrics({"loss": float(step)}, step=step)
-    logger.experiment.flush()  # what the writer thread has: the first two, written at 2
-    assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0)]}
-    logger.save()
+    logger.save()  # flushes what the writer has: the first three, handed over at step 2
     assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
+    logger.log_metrics({"pair": {"a": 1.0}}, step=4)
+    logger.save()  # a dict goes at once, after the scalars waiting before it
+    assert [s for s, _ in tb_scalars(tmp_path / "run")["loss"]] == [0, 1, 2, 3]
+    logger.log_metrics({"loss": 5.0}, step=5)
+    logger.finalize("success")
+    assert [s for s, _ in tb_scalars(tmp_path / "run")["loss"]] == [0, 1, 2, 3, 5]
     with pytest.raises(ValueError, match="max_pending=0 must be >= 1"):
         TensorBoardStepLogger(str(tmp_path), max_pending=0)
 
@@ -70,14 +76,22 @@ def test_waiting_events_are_written_by_save_and_past_max_pending(tmp_path: Path)
 def test_a_steps_scalars_reach_the_writer_at_the_next_backward(tmp_path: Path) -> None:
     """TinyGPTModule hands step k - 1's scalars to TensorBoard's writer thread right
     before step k's backward pass (which runs without the GIL), not at step k - 1's end."""
-    written: dict[int, list[int]] = {}
+    written: dict[tuple[str, int], list[int]] = {}
 
-    class Probe(Callback):
-        def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+    class Probe(Callback):  # callback hooks run before the module's
+        def _read(self, trainer: pl.Trainer, when: str) -> None:
             trainer.logger.experiment.flush()
             steps = tb_scalars(trainer.log_dir).get("train/loss", [])
-            written[trainer.global_step] = [step for step, _ in steps]
+            written[when, trainer.global_step] = [step for step, _ in steps]
+
+        def on_before_backward(self, trainer: pl.Trainer, *args: Any) -> None:
+            self._read(trainer, "before backward")
+
+        def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+            self._read(trainer, "after backward")
 
     run = fit(tmp_path, "run", 4, callbacks=[Probe()])
-    assert written == {k: list(range(k)) for k in range(4)}
+    for k in range(4):
+        assert written["before backward", k] == list(range(k - 1)), k  # k - 1 still waits
+        assert written["after backward", k] == list(range(k)), k
     assert [s for s, _ in tb_scalars(run.spec.run_dir)["train/loss"]] == [0, 1, 2, 3]
