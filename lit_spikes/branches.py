@@ -124,6 +124,11 @@ class _Reporter(Callback):
             self.queue.put(("checkpoint", self.name, step))
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # A resumed run's first step is its checkpoint's, in the run that wrote it.
+        self._checkpoint_sent = trainer.global_step
+
+    @override
     def on_validation_start(self, trainer: pl.Trainer, *args: Any) -> None:
         # Before validating (0.5 s for the demos' reference): the branches waiting for
         # this file start that much earlier.
@@ -133,6 +138,10 @@ class _Reporter(Callback):
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         self._send_checkpoint(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._send_checkpoint(trainer)  # the last step's, when no validation followed it
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -363,6 +372,8 @@ class BranchRunner:
     def submit(self, branch: Branch) -> None:
         """Queue ``branch``: a worker takes it when one is free (or this process, from
         ``events``, when none is)."""
+        if self._start_error is not None:
+            raise self._start_error
         first = _ckpt_step(branch.ckpt_path)
         task = self._progress.add_task(branch.name, total=branch.max_steps - first)
         self._tasks[branch.name] = (task, first)

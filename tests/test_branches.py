@@ -93,3 +93,19 @@ def test_checkpoint_is_reported_once_when_written_before_that_steps_validation(
     # step N, the last: validation only comes after it, and no batch start follows.
     expected = [("checkpoint", K), ("validated", K), ("checkpoint", N), ("validated", N)]
     assert order == expected
+
+
+def test_last_checkpoint_is_reported_without_a_validation_after_it(tmp_path: Path) -> None:
+    sent: list[int] = []
+
+    class Queue:
+        def put(self, item: tuple[str, str, Any]) -> None:
+            if item[0] == "checkpoint":
+                sent.append(item[2])
+
+    run_branch(tiny_branch("reference", checkpoint_every=K), tmp_path, Queue())  # no val
+    assert sent == [K, N]
+    resumed = tiny_branch("resumed", checkpoint_path(tmp_path / "reference", K), checkpoint_every=K)
+    sent.clear()
+    run_branch(resumed, tmp_path, Queue())
+    assert sent == [N]  # not step K: that file belongs to the run it resumed from
