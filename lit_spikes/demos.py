@@ -34,7 +34,9 @@ DEMO_BRANCHES = 7
 def default_workers() -> int:
     """Worker processes that give each core usable here one training process, counting the
     main process. More processes than cores time-share them: 3 plain training loops on
-    this project's 2 cores got 4% less done than 2 did, and the main job took 2% longer."""
+    this project's 2 cores got 4% less done than 2 did, and the main job took 2% longer.
+    Cores are those this process may run on (its affinity); a container's CPU quota is
+    not read: pass ``--workers`` there."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min((cores or 2) - 1, DEMO_BRANCHES))
 

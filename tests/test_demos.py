@@ -69,7 +69,15 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
     assert len(result.results) == 1 + DEMO_BRANCHES  # which bounds the default worker count
     assert result.reference.pid == os.getpid()
     assert len({run.pid for run in result.results.values()}) <= 1 + setup.workers
-    assert 1 <= default_workers() <= DEMO_BRANCHES
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 3), (64, DEMO_BRANCHES)])
+def test_default_workers_one_process_per_core_at_most_one_per_branch(
+    monkeypatch: pytest.MonkeyPatch, cores: int, workers: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert default_workers() == workers
+    assert DemoSetup().workers == workers
 
 
 def test_palm_cost_matches_the_paper_numbers() -> None:
