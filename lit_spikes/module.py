@@ -3,6 +3,8 @@ plus what a bit-exact resume needs in the checkpoint (RNG states, fingerprint)."
 
 from __future__ import annotations
 
+import atexit
+import functools
 import math
 import random
 import warnings
@@ -202,6 +204,8 @@ class TinyGPTModule(pl.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         torch.set_num_threads(self.num_threads)
+        if self.trainer.world_size > 1:
+            destroy_process_group_at_exit()
 
     @override
     def on_train_start(self) -> None:
@@ -407,6 +411,22 @@ class TinyGPTModule(pl.LightningModule):
         states = entry.get("rng_by_rank") or [entry["rng"]]
         rank = self.global_rank
         return states[rank] if rank < len(states) else None
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@functools.cache
+def destroy_process_group_at_exit() -> None:
+    """Destroy the process group when the interpreter exits (registered once).
+
+    Lightning leaves it to the interpreter's teardown, where gloo's threads were destroyed
+    while still joinable: ``terminate called without an active exception``, and rank 0
+    exited with -6 after writing everything (seen in this project's DDP tests and CI).
+    """
+    atexit.register(_destroy_process_group)
 
 
 def gather_objects(value: Any) -> list[Any]:
