@@ -472,18 +472,24 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
 
 def bench_main_job(console: Console, repeats: int) -> None:
     """Part 2: ``repeats`` pairs of (make demo's training, the seed's serial way), taken
-    one after the other; the median of the pair ratios is robust to this VM's drift."""
+    one after the other, in alternating order so that a drift of this VM's speed does not
+    favour one side; the median of the pair ratios is robust to what drift is left."""
     jobs, serials = [], []
-    for _ in range(repeats):
+    for repeat in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             setup = DemoSetup(log_root=Path(tmp) / "runs")
-            job = run_main_job(setup, console=Console(quiet=True))
             branches = len(demo1_branches(setup)) + 4
-            serial_s, serial_steps = seed_way_serial(setup, branches)
+            if repeat % 2:
+                serial_s, serial_steps = seed_way_serial(setup, branches)
+            job = run_main_job(setup, console=Console(quiet=True))
+            if not repeat % 2:
+                serial_s, serial_steps = seed_way_serial(setup, branches)
         jobs.append(job)
         serials.append(serial_s)
     train = [job.train_s for job in jobs]
-    table = Table(title=f"2. Main job against the seed's way ({repeats} pairs, medians)")
+    table = Table(
+        title=f"2. Main job against the seed's way ({repeats} pairs in alternating order, medians)"
+    )
     table.add_column("way")
     table.add_column("steps", justify="right")
     table.add_column("training wall time (s)", justify="right")
