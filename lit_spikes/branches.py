@@ -8,7 +8,6 @@ exactly what it would alone) and shows one overall progress display.
 
 from __future__ import annotations
 
-import functools
 import multiprocessing as mp
 import os
 import threading
@@ -37,7 +36,7 @@ from rich.progress import (
 )
 from typing_extensions import override
 
-from lit_spikes.checkpoints import load_checkpoint
+from lit_spikes.checkpoints import checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
@@ -511,18 +510,5 @@ def run_branches(
 
 
 def _ckpt_step(path: Path | None) -> int:
-    """The global step a branch starts at: that of its checkpoint, or 0. Read once per
-    file version: a runner asks for it as it submits each branch of that file, from a
-    callback of the training run that writes them."""
-    if path is None:
-        return 0
-    try:
-        version = Path(path).stat().st_mtime_ns
-    except OSError:
-        return int(load_checkpoint(path)["global_step"])  # its clear error
-    return _file_step(str(path), version)
-
-
-@functools.lru_cache(maxsize=64)
-def _file_step(path: str, mtime_ns: int) -> int:
-    return int(load_checkpoint(path)["global_step"])
+    """The global step a branch starts at: that of its checkpoint, or 0."""
+    return 0 if path is None else checkpoint_step(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import re
@@ -63,6 +64,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(path, f"is not a Lightning training checkpoint (missing {missing})")
     return checkpoint
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The global step a checkpoint file holds, read once per file version (the main job
+    asks for it as it submits each branch of a file, from the training run writing them).
+
+    Raises:
+        CheckpointError: as ``load_checkpoint``.
+    """
+    try:
+        version = Path(path).stat().st_mtime_ns
+    except OSError:
+        return int(load_checkpoint(path)["global_step"])  # its clear error
+    return _file_step(str(path), version)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_step(path: str, mtime_ns: int) -> int:
+    return int(load_checkpoint(path)["global_step"])
 
 
 def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:

@@ -27,7 +27,7 @@ from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
-    load_checkpoint,
+    checkpoint_step,
     newest_valid_checkpoint,
     remove_leftovers,
 )
@@ -119,7 +119,7 @@ class LitSpikesCLI(LightningCLI):
             config["ckpt_path"] = path = str(found)
         if path:
             try:
-                self._resume_step = int(load_checkpoint(path)["global_step"])
+                self._resume_step = checkpoint_step(path)
             except CheckpointError as error:
                 self.parser.error(f"--ckpt_path: {error}")
         super()._parse_ckpt_path()

@@ -70,7 +70,7 @@ class DemoSetup:
     """TensorBoard root: each demo writes ``<log_root>/demo<k>/<row>``."""
     figures_dir: Path | None = None
     """Where the comparison PNGs go as well as ``<log_root>/demo<k>/`` (the README's)."""
-    workers: int = field(default_factory=lambda: default_workers())
+    workers: int = field(default_factory=default_workers)
     """Worker processes for the branches, beside this process, which trains too (one CPU
     thread each): by default one per core but this process's, at most one per branch."""
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)

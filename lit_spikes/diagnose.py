@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from callbacks import BatchSkipper, LRScaler, SkipStep, SpikeDetector
-from lit_spikes.checkpoints import CheckpointError, load_checkpoint
+from lit_spikes.checkpoints import CheckpointError, checkpoint_step, load_checkpoint
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
@@ -295,7 +295,7 @@ def diagnose(
             f"({ckpt_path}) and before the run's end, step {steps}"
         )
     if earlier_ckpt is not None:
-        earlier_step = int(load_checkpoint(earlier_ckpt)["global_step"])
+        earlier_step = checkpoint_step(earlier_ckpt)
         if earlier_step >= k:
             raise ValueError(
                 f"earlier_ckpt={earlier_ckpt} is at step {earlier_step}, not before the "

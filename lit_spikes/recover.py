@@ -70,6 +70,7 @@ from lit_spikes.module import (
     STEP_SCALARS,
     OptimConfig,
     TinyGPTModule,
+    destroy_process_group,
 )
 from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path, quiet_branches
 from lit_spikes.world import WorldConfig
@@ -711,11 +712,9 @@ class _Ranks:
         return shared
 
     def close(self) -> None:
-        """Tear the process group down before the interpreter does: left to exit, gloo's
-        threads can abort the process ("terminate called without an active exception")
-        once another rank has gone."""
-        if self.fabric is not None and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        """Tear the process group down now, not at exit (``destroy_process_group``)."""
+        if self.fabric is not None:
+            destroy_process_group()
 
 
 class RecoveryLoop:

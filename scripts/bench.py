@@ -41,7 +41,7 @@ from rich.table import Table
 
 from callbacks import SpikeDetector
 from lit_spikes.data import DataConfig, StepDataModule
-from lit_spikes.demos import DemoSetup, demo1_branches
+from lit_spikes.demos import DEMO_BRANCHES, DemoSetup
 from lit_spikes.main_job import run_main_job
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
@@ -478,12 +478,11 @@ def bench_main_job(console: Console, repeats: int) -> None:
     for repeat in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             setup = DemoSetup(log_root=Path(tmp) / "runs")
-            branches = len(demo1_branches(setup)) + 4
             if repeat % 2:
-                serial_s, serial_steps = seed_way_serial(setup, branches)
+                serial_s, serial_steps = seed_way_serial(setup, DEMO_BRANCHES)
             job = run_main_job(setup, console=Console(quiet=True))
             if not repeat % 2:
-                serial_s, serial_steps = seed_way_serial(setup, branches)
+                serial_s, serial_steps = seed_way_serial(setup, DEMO_BRANCHES)
         jobs.append(job)
         serials.append(serial_s)
     train = [job.train_s for job in jobs]

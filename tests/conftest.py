@@ -16,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.checkpoints import CheckpointError, load_checkpoint
+from lit_spikes.checkpoints import CheckpointError, checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
@@ -117,7 +117,7 @@ def ddp_env() -> dict[str, str]:
 def _resume_step(ckpt_path: str | Path | None) -> int | None:
     """The step to purge TensorBoard from; None for a file the Trainer itself must reject."""
     try:
-        return int(load_checkpoint(ckpt_path)["global_step"]) if ckpt_path else None
+        return checkpoint_step(ckpt_path) if ckpt_path else None
     except CheckpointError:
         return None
 
