@@ -149,21 +149,29 @@ def test_the_console_script_prints_the_verdict_and_exits_0(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_the_default_spike_is_state_caused(tmp_path: Path) -> None:
-    """The README's spike (model seed 1, data seed 0, defaults): at step 150, diagnosed
-    from the reference's step-100 checkpoint. Demo 2 shows skipping data does not help
-    and halving the LR does; the replays say why: without that data it still spikes."""
+def test_the_default_spike_replays_bit_exactly(tmp_path: Path) -> None:
+    """The README's spike (model seed 1, data seed 0, defaults), diagnosed from the
+    reference's step-100 checkpoint: the same-data replay is bit-identical and spikes
+    again, and the verdict follows the other-data replay. Which verdict depends on the
+    CPU: its SIMD kernels round differently (AMD EPYC: a spike at step 150 that stays
+    without its data, state-caused; Intel Xeon: one at 147 that goes, data-caused), so
+    the spike's step is the detector's and the verdict is not fixed here."""
     from lit_spikes.branches import run_branch
     from lit_spikes.demos import DemoSetup
 
     setup = DemoSetup(log_root=tmp_path)
-    reference = setup.reference(max_steps=151, val_every=None, trainer_kwargs={})
-    run_branch(reference, tmp_path, progress_bar=False)
-    verdict = diagnose(setup.checkpoint(100), 150, config=DiagnoseConfig(horizon=10))
-    assert verdict.cause == "state-caused", verdict.evidence
-    assert verdict.same_data.bit_equal and 150 in verdict.same_data.flagged
-    assert verdict.other_data is not None and verdict.other_data.skipped == (145, 176)
-    assert verdict.other_data.spiked
+    config = DiagnoseConfig(horizon=10)
+    reference = setup.reference(max_steps=165, val_every=None, trainer_kwargs={})
+    result = run_branch(reference, tmp_path, progress_bar=False)
+    spikes = result.callback_states["SpikeDetector"]["spikes"]
+    spike = min(s["step"] for s in spikes if s["step"] >= setup.optim.warmup_steps)
+    assert 100 < spike <= 165 - config.horizon
+    verdict = diagnose(setup.checkpoint(100), spike, config=config)
+    assert verdict.same_data.bit_equal and spike in verdict.same_data.flagged
+    window = (spike - config.window_before, spike + config.window_after + 1)
+    assert verdict.other_data is not None and verdict.other_data.skipped == window
+    expected = "state-caused" if verdict.other_data.spiked else "data-caused"
+    assert verdict.cause == expected, verdict.evidence
 
 
 def test_data_config_reads_the_recover_yaml() -> None:
