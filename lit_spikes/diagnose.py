@@ -199,6 +199,8 @@ class _Replayer:
             model_seed=hparams["model_seed"],
             train_seed=hparams["train_seed"],
             num_threads=hparams["num_threads"],
+            # Files written before the option existed were trained without flushing.
+            flush_denormal=hparams.get("flush_denormal", False),
         )
         k = int(checkpoint["global_step"])
         end = min(self.spike_step + self.config.horizon + 1, optim.max_steps)

@@ -16,7 +16,13 @@ import torch
 
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig, TinyGPT, build_model
-from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, grad_norm, seed_rngs
+from lit_spikes.module import (
+    DEFAULT_MODEL_SEED,
+    OptimConfig,
+    grad_norm,
+    seed_rngs,
+    set_flush_denormal,
+)
 from lit_spikes.snapshot import Snapshot, restore_snapshot, take_snapshot
 
 
@@ -36,6 +42,7 @@ def train_plain(
     model_seed: int = DEFAULT_MODEL_SEED,
     train_seed: int = 0,
     num_threads: int = 1,
+    flush_denormal: bool = True,
     record: bool = True,
     resume: Snapshot | None = None,
     snapshot_at: int | None = None,
@@ -47,6 +54,7 @@ def train_plain(
     ``compile_model`` compiles the model in place (``torch.compile``; the benchmark's
     trial of it: not bit-equal to eager, and not faster here)."""
     torch.set_num_threads(num_threads)
+    set_flush_denormal(flush_denormal)  # as TinyGPTModule.setup: left so, for evaluate_bpc
     model = build_model(model_config, model_seed)
     if compile_model:
         model.compile()  # in place: the state_dict keys stay those of the eager model

@@ -6,13 +6,16 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.ablations import ForgetOptimizerState, ForgetRNGState
-from lit_spikes.training import checkpoint_path
+from lit_spikes.data import StepDataModule
+from lit_spikes.training import RunSpec, checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, fit, load_ckpt
 
 N, K, EVERY = 20, 10, 5
@@ -183,14 +186,59 @@ def test_different_model_config_is_refused_before_any_step(tmp_path: Path) -> No
     assert not (tmp_path / "wider" / "checkpoints").exists()
 
 
-def test_fingerprint_difference_warns(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("key", "saved"), [("num_threads", 7), ("flush_denormal", False), ("cpu", "VSX")]
+)
+def test_fingerprint_difference_warns(tmp_path: Path, key: str, saved: object) -> None:
     reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     checkpoint = load_ckpt(ckpt)
-    checkpoint["lit_spikes"]["fingerprint"]["num_threads"] = 7
+    now = checkpoint["lit_spikes"]["fingerprint"][key]
+    checkpoint["lit_spikes"]["fingerprint"][key] = saved
     torch.save(checkpoint, tmp_path / "edited.ckpt")
-    with pytest.warns(UserWarning, match=r"num_threads: checkpoint 7, now 1.*not guaranteed"):
+    match = rf"{key}: checkpoint {saved!r}, now {now!r}.*not guaranteed"
+    with pytest.warns(UserWarning, match=match):
         fit(tmp_path, "resumed", K + 2, ckpt_path=tmp_path / "edited.ckpt")
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
+    """The module's ``flush_denormal`` is what the training thread does, and what its
+    checkpoints record."""
+    from lit_spikes.module import TinyGPTModule, flush_denormal_enabled, set_flush_denormal
+
+    seen: list[bool] = []
+
+    class Probe(Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            seen.append(flush_denormal_enabled())
+
+    set_flush_denormal(not flush)
+    try:
+        module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM, flush_denormal=flush)
+        spec = RunSpec(tmp_path, "run", 3, checkpoint_every=3, callbacks=[Probe()])
+        spec.progress_bar = False
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+    finally:
+        set_flush_denormal(True)
+    assert seen == [flush] * 3
+    saved = load_ckpt(checkpoint_path(spec.run_dir, 3))
+    assert saved["lit_spikes"]["fingerprint"]["flush_denormal"] is flush
+    assert saved["hyper_parameters"]["flush_denormal"] is flush
+
+
+def test_flush_denormal_enabled_reads_the_thread_state() -> None:
+    from lit_spikes.module import flush_denormal_enabled, set_flush_denormal
+
+    try:
+        set_flush_denormal(False)
+        assert not flush_denormal_enabled()
+        assert torch.tensor(1e-40) * 1.0 != 0  # a subnormal survives
+        set_flush_denormal(True)
+        assert flush_denormal_enabled()
+        assert torch.tensor(1e-40) * 1.0 == 0
+    finally:
+        set_flush_denormal(True)
 
 
 def test_skip_before_resume_point_is_refused(tmp_path: Path) -> None:
