@@ -2,8 +2,8 @@
 
 1. Loop overhead: ms/step of the Lightning loop as the demos run it (TensorBoard logging
    every step, spike detector on, a checkpoint every 50 steps, progress bar off) against a
-   plain PyTorch loop on the same model, batches and thread count; interleaved
-   repetitions, medians, their ratio.
+   plain PyTorch loop on the same model, batches and thread count; interleaved pairs in
+   alternating order, medians, the median of the pair ratios.
 2. Main job against the seed's way: the training of `make demo` (reference + all branches
    of demos 1 and 2, in parallel workers from real checkpoints) against the same steps run
    serially by a plain loop branching from an in-memory snapshot; interleaved pairs, the
@@ -413,7 +413,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per timed run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed first steps")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=11,
+        help="part 1's interleaved pairs (parts 6 and 7 take at most 3)",
+    )
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
     parser.add_argument(
         "--main-job-repeats", type=int, default=3, help="part 2's pairs (about 150 s each)"
@@ -464,11 +469,16 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     plain_ms, lightning_ms = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
-            plain_ms.append(time_plain(steps, warmup)[0])
             root = Path(tmp) / str(repeat)
-            lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
+            if repeat % 2:  # alternate which goes first: a drift of the VM favours neither
+                lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
+            plain_ms.append(time_plain(steps, warmup)[0])
+            if not repeat % 2:
+                lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
     p, lt = statistics.median(plain_ms), statistics.median(lightning_ms)
-    table = Table(title=f"1. Loop overhead ({repeats} interleaved repeats, medians)")
+    table = Table(
+        title=f"1. Loop overhead ({repeats} interleaved pairs in alternating order, medians)"
+    )
     table.add_column("loop")
     table.add_column("ms/step", justify="right")
     table.add_column("all repeats", justify="right")

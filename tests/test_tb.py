@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from lit_spikes.module import HAND_OVER_EVERY
 from lit_spikes.tb import TensorBoardStepLogger
 from tests.conftest import fit, tb_scalars
 
@@ -73,14 +74,18 @@ def test_waiting_events_are_written_past_max_pending_before_others_and_at_finali
         TensorBoardStepLogger(str(tmp_path), max_pending=0)
 
 
-def test_a_steps_scalars_reach_the_writer_at_the_next_backward(tmp_path: Path) -> None:
-    """TinyGPTModule hands step k - 1's scalars to TensorBoard's writer thread right
-    before step k's backward pass (which runs without the GIL), not at step k - 1's end."""
+def test_steps_reach_the_writer_at_a_backward_every_hand_over_every_steps(
+    tmp_path: Path,
+) -> None:
+    """TinyGPTModule hands the waiting steps to the logger's helper thread right before a
+    backward pass (which runs without the GIL), once ``HAND_OVER_EVERY`` of them wait:
+    not at a step's end, and not every step."""
+    every = HAND_OVER_EVERY
     written: dict[tuple[str, int], list[int]] = {}
 
     class Probe(Callback):  # callback hooks run before the module's
         def _read(self, trainer: pl.Trainer, when: str) -> None:
-            trainer.logger.experiment.flush()
+            trainer.logger.save()  # waits for what was handed over, and flushes it
             steps = tb_scalars(trainer.log_dir).get("train/loss", [])
             written[when, trainer.global_step] = [step for step, _ in steps]
 
@@ -90,8 +95,58 @@ def test_a_steps_scalars_reach_the_writer_at_the_next_backward(tmp_path: Path) -
         def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
             self._read(trainer, "after backward")
 
-    run = fit(tmp_path, "run", 4, callbacks=[Probe()])
-    for k in range(4):
-        assert written["before backward", k] == list(range(k - 1)), k  # k - 1 still waits
-        assert written["after backward", k] == list(range(k)), k
-    assert [s for s, _ in tb_scalars(run.spec.run_dir)["train/loss"]] == [0, 1, 2, 3]
+    steps = 2 * every + 3
+    run = fit(tmp_path, "run", steps, callbacks=[Probe()])
+    for k in range(steps):
+        assert written["before backward", k] == list(range(every * ((k - 1) // every))), k
+        assert written["after backward", k] == list(range(every * (k // every))), k
+    assert [s for s, _ in tb_scalars(run.spec.run_dir)["train/loss"]] == list(range(steps))
+
+
+def test_events_are_built_and_written_off_the_loops_thread(tmp_path: Path) -> None:
+    """The loop only keeps a step's numbers: the helper thread builds and adds the event."""
+    import threading
+
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+    writer = logger.experiment._get_file_writer()
+    threads: list[str] = []
+    add_summary = writer.add_summary
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        threads.append(threading.current_thread().name)
+        add_summary(*args, **kwargs)
+
+    writer.add_summary = recording
+    for step in range(3):
+        logger.log_metrics({"loss": float(step)}, step=step)
+        logger.write_pending()
+    logger.finalize("success")
+    assert threads == ["tb-step-events"] * 3
+    assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
+
+
+def test_a_failed_write_is_raised_by_the_next_call(tmp_path: Path) -> None:
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    logger.experiment._get_file_writer().add_summary = broken
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.write_pending()
+    with pytest.raises(RuntimeError, match="writing TensorBoard step events failed") as error:
+        logger.save()
+    assert isinstance(error.value.__cause__, OSError)
+
+
+def test_the_logger_pickles_without_its_thread(tmp_path: Path) -> None:
+    import pickle
+
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.write_pending()
+    copy = pickle.loads(pickle.dumps(logger))
+    copy.log_metrics({"loss": 2.0}, step=1)
+    copy.finalize("success")
+    logger.finalize("success")
+    assert sorted(tb_scalars(tmp_path / "run")["loss"]) == [(0, 1.0), (1, 2.0)]
