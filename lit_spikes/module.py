@@ -87,9 +87,14 @@ every this many steps (waking a thread costs 0.02-0.05 ms on this VM)."""
 
 
 def grad_norm(parameters: Any) -> torch.Tensor:
-    """Total L2 norm of the gradients, as ``clip_grad_norm_`` measures it, changing nothing."""
+    """Total L2 norm of the gradients, bit-equal to what ``clip_grad_norm_`` measures (the
+    norm of the per-tensor norms), changing nothing. ``get_total_norm`` takes one Python
+    call per tensor on the CPU (no foreach kernels there); ``_foreach_norm`` runs the same
+    per-tensor kernel in one call: 0.47 instead of 0.61 ms a step here."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if not grads:
+        return torch.tensor(0.0)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
 
 
 def set_flush_denormal(enabled: bool) -> None:
@@ -282,7 +287,8 @@ class TinyGPTModule(pl.LightningModule):
         out = self.model(batch["x"], batch["y"])
         assert out.loss is not None
         self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
-        finite = bool(torch.isfinite(out.loss))
+        # The loss's Python float, kept by _record: torch.isfinite on it cost 0.05 ms.
+        finite = math.isfinite(self.history[-1]["loss"])
         if self.trainer.world_size > 1:
             # Under DDP every rank must skip the same steps: one rank's NaN skips them all.
             everywhere = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
@@ -338,14 +344,14 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norm = grad_norm(self.parameters())  # before the Trainer clips
+        norm = grad_norm(self.parameters()).item()  # before the Trainer clips
         if self.history and self.history[-1]["step"] == self.global_step:
-            self.history[-1]["grad_norm"] = norm.item()
+            self.history[-1]["grad_norm"] = norm
         if self.global_step in self.nonfinite_steps:
             # A skipped loss under DDP: its zero gradients must not reach AdamW either.
             for parameter in self.parameters():
                 parameter.grad = None
-        elif not torch.isfinite(norm):
+        elif not math.isfinite(norm):
             # A finite loss with inf/NaN gradients: drop the gradients (zeroing them would
             # still let weight decay and momentum move the weights). Under DDP the
             # gradients were all-reduced, so every rank drops the same step.

@@ -222,6 +222,24 @@ def test_gradient_clipping_logs_the_norm_before_clipping(tmp_path: Path) -> None
     assert clipped.module.history[1]["loss"] != free.module.history[1]["loss"]
 
 
+def test_grad_norm_is_bit_equal_to_what_clipping_measures() -> None:
+    """The logged norm is the one ``clip_grad_norm_`` compares with its threshold."""
+    from lit_spikes.model import GPTConfig, build_model
+    from lit_spikes.module import grad_norm
+
+    model = build_model(GPTConfig(), 1)
+    for scale in (1e-30, 1e-3, 1.0, 1e20):
+        generator = torch.Generator().manual_seed(int(-math.log10(scale) * 7) % 1000)
+        for parameter in model.parameters():
+            parameter.grad = torch.randn(parameter.shape, generator=generator) * scale
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        expected = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        assert torch.equal(grad_norm(model.parameters()), expected), scale
+    for parameter in model.parameters():
+        parameter.grad = None
+    assert grad_norm(model.parameters()).item() == 0.0
+
+
 # ------------------------------------------------------------------ rollback
 
 
