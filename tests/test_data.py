@@ -102,3 +102,15 @@ def test_datamodules_of_one_world_share_its_tokens_built_once() -> None:
     other.setup("fit")
     assert not torch.equal(other.train_tokens[:1000], first.train_tokens[:1000])
     assert world_tokens.cache_info().currsize <= 4
+
+
+def test_a_cpu_batch_is_not_walked_for_a_cpu_run() -> None:
+    """TinyGPTModule hands a CPU batch to a CPU run as it is (Lightning's walk would only
+    call .to() on each tensor); for another device it moves it as Lightning does."""
+    from lit_spikes.module import TinyGPTModule
+
+    module = TinyGPTModule()
+    batch = StepDataModule(DataConfig()).stream(0).batch_of_step(0)
+    assert module.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch
+    moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved is not batch and all(v.device.type == "meta" for v in moved.values())
