@@ -94,7 +94,8 @@ def grad_norm(parameters: Any) -> torch.Tensor:
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    return norm
 
 
 def set_flush_denormal(enabled: bool) -> None:
