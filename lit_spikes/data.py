@@ -280,6 +280,18 @@ class StepDataModule(pl.LightningDataModule):
         return StepBatches(self.train_tokens, self.config, self.skip, start_step, rank, world_size)
 
     @override
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        # This DataModule's batches are dicts of CPU tensors: for a CPU run there is nothing
+        # to move, and Lightning's walk over them to call .to() (a no-op) cost a few
+        # hundredths of a millisecond every step.
+        on_cpu = device.type == "cpu" and isinstance(batch, dict)
+        if on_cpu and all(isinstance(v, torch.Tensor) and v.is_cpu for v in batch.values()):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    @override
     def train_dataloader(self) -> DataLoader[Batch]:
         trainer = self.trainer
         if trainer is None:

@@ -266,18 +266,6 @@ class TinyGPTModule(pl.LightningModule):
         self._pending_rng = None
 
     @override
-    def transfer_batch_to_device(
-        self, batch: Any, device: torch.device, dataloader_idx: int
-    ) -> Any:
-        # A batch of this DataModule is a flat dict of CPU tensors: for a CPU run there is
-        # nothing to move, and Lightning's walk over it to call .to() (a no-op) cost a
-        # few hundredths of a millisecond every step.
-        on_cpu = device.type == "cpu" and isinstance(batch, dict)
-        if on_cpu and all(isinstance(v, torch.Tensor) and v.is_cpu for v in batch.values()):
-            return batch
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    @override
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         step = int(batch["step"])
         if step != self.global_step:

@@ -312,3 +312,14 @@ def test_train_loss_goes_through_self_log_only_where_it_is_read(tmp_path: Path) 
     watched = fit(tmp_path, "watched", 5, callbacks=[monitor])
     assert float(watched.trainer.callback_metrics["train/loss"]) == watched.losses[4]
     assert tb_steps(watched.spec.run_dir)["train/loss"] == [0, 1, 2, 3, 4]
+
+
+def test_detector_state_key_follows_its_settings() -> None:
+    """Kept between calls (Lightning reads it at every hook), yet never stale."""
+    detector = SpikeDetector(window=20)
+    expected = detector._generate_state_key(
+        metrics=("loss",), window=20, ratio=detector.ratio, z_score=detector.z_score
+    )
+    assert detector.state_key == expected == detector.state_key
+    detector.window = 30
+    assert "'window': 30" in detector.state_key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,13 +105,19 @@ def test_datamodules_of_one_world_share_its_tokens_built_once() -> None:
     assert world_tokens.cache_info().currsize <= 4
 
 
-def test_a_cpu_batch_is_not_walked_for_a_cpu_run() -> None:
-    """TinyGPTModule hands a CPU batch to a CPU run as it is (Lightning's walk would only
-    call .to() on each tensor); for another device it moves it as Lightning does."""
-    from lit_spikes.module import TinyGPTModule
+def test_a_cpu_batch_is_not_walked_for_a_cpu_run(tmp_path: Path) -> None:
+    """StepDataModule hands a CPU batch to a CPU run as it is (Lightning's walk would only
+    call .to() on each tensor), without a warning about who moves batches; for another
+    device it moves it as Lightning does."""
+    import warnings
 
-    module = TinyGPTModule()
-    batch = StepDataModule(DataConfig()).stream(0).batch_of_step(0)
-    assert module.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch
-    moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    from tests.conftest import fit
+
+    datamodule = StepDataModule(DataConfig())
+    batch = datamodule.stream(0).batch_of_step(0)
+    assert datamodule.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch
+    moved = datamodule.transfer_batch_to_device(batch, torch.device("meta"), 0)
     assert moved is not batch and all(v.device.type == "meta" for v in moved.values())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*transfer_batch_to_device.*")
+        fit(tmp_path, "run", 2)
