@@ -188,7 +188,9 @@ class TinyGPTModule(pl.LightningModule):
             (``torch.set_flush_denormal``, set in ``setup`` and left so, as the thread
             count is). Softmax over growing attention logits produces them, and on Intel
             CPUs each one costs a microcode assist: steps of the default model took
-            40-48 ms with them against 29 ms without. Results depend on it.
+            40-48 ms with them against 29 ms without. Results depend on it. It reaches
+            the threads a process starts after it is set: with ``num_threads`` > 1 in a
+            process whose thread pool already ran, the pool's threads may keep them.
 
     Example:
         >>> module = TinyGPTModule(gpt=GPTConfig(n_layer=4), optim=OptimConfig(peak_lr=0.1))

@@ -9,6 +9,7 @@ import numbers
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,9 @@ class TensorBoardStepLogger(TensorBoardLogger):
     before the backward pass, every ``HAND_OVER_EVERY`` steps: backward runs without the
     GIL, so the helper works beside it (building them in the loop cost about 0.17 ms a
     step, 0.5% of a default step; waking the helper every step 0.05).
-    ``max_pending`` waiting steps, ``save`` and ``finalize`` hand them over too; ``save``
-    and ``finalize`` also wait until they are written. Values that are not scalars (a
+    ``max_pending`` waiting steps and ``finalize`` hand them over too; ``save`` and
+    ``finalize`` wait until what was handed over is written (``save`` leaves waiting steps
+    for the next hand-over). Values that are not scalars (a
     dict for ``add_scalars``) go through ``TensorBoardLogger`` at once, after the scalars
     logged before them.
 
@@ -60,7 +62,9 @@ class TensorBoardStepLogger(TensorBoardLogger):
         self._pending: list[_Scalars] = []
         self._helper: _EventWriter | None = None
 
+    @override
     def __getstate__(self) -> dict[str, Any]:
+        """The logger without its helper thread (a copy starts its own)."""
         state = super().__getstate__()
         state["_helper"] = None  # a thread does not travel; the copy starts its own
         return state
@@ -118,11 +122,21 @@ class TensorBoardStepLogger(TensorBoardLogger):
     @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        self._wait_written()
-        if self._helper is not None:
-            self._helper.close()
-            self._helper = None
-        super().finalize(status)
+        # Always stop the helper and close the file; a write error does not replace the
+        # error that failed a run (Lightning finalizes with "failed" while handling it).
+        try:
+            self._wait_written()
+        except RuntimeError as error:
+            if status != "failed":
+                raise
+            warnings.warn(f"TensorBoard step events were lost: {error.__cause__!r}", stacklevel=2)
+        finally:
+            helper, self._helper = self._helper, None
+            try:
+                if helper is not None:
+                    helper.close()
+            finally:
+                super().finalize(status)
 
 
 _Scalars = tuple[dict[str, float], "int | None", float]
@@ -180,7 +194,8 @@ class _EventWriter:
                     )
                     self.writer.add_summary(summary, step, wall_time)
             except BaseException as error:  # kept for the loop's thread to raise
-                self._error = error
+                if self._error is None:  # the first one is the cause
+                    self._error = error
 
 
 LAYOUT = {

@@ -213,6 +213,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
         def on_train_batch_start(self, *args: Any) -> None:
             seen.append(flush_denormal_enabled())
 
+    before = flush_denormal_enabled()
     set_flush_denormal(not flush)
     try:
         module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM, flush_denormal=flush)
@@ -220,7 +221,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
         spec.progress_bar = False
         spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
     finally:
-        set_flush_denormal(True)
+        set_flush_denormal(before)
     assert seen == [flush] * 3
     saved = load_ckpt(checkpoint_path(spec.run_dir, 3))
     assert saved["lit_spikes"]["fingerprint"]["flush_denormal"] is flush
@@ -230,6 +231,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
 def test_flush_denormal_enabled_reads_the_thread_state() -> None:
     from lit_spikes.module import flush_denormal_enabled, set_flush_denormal
 
+    before = flush_denormal_enabled()
     try:
         set_flush_denormal(False)
         assert not flush_denormal_enabled()
@@ -238,7 +240,7 @@ def test_flush_denormal_enabled_reads_the_thread_state() -> None:
         assert flush_denormal_enabled()
         assert torch.tensor(1e-40) * 1.0 == 0
     finally:
-        set_flush_denormal(True)
+        set_flush_denormal(before)
 
 
 def test_skip_before_resume_point_is_refused(tmp_path: Path) -> None:

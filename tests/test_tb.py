@@ -150,3 +150,22 @@ def test_the_logger_pickles_without_its_thread(tmp_path: Path) -> None:
     copy.finalize("success")
     logger.finalize("success")
     assert sorted(tb_scalars(tmp_path / "run")["loss"]) == [(0, 1.0), (1, 2.0)]
+
+
+@pytest.mark.parametrize("status", ["success", "failed"])
+def test_finalize_closes_the_file_even_after_a_failed_write(tmp_path: Path, status: str) -> None:
+    """A failed run's own error is not replaced by a write error: finalize warns then."""
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    logger.experiment._get_file_writer().add_summary = broken
+    logger.log_metrics({"loss": 1.0}, step=0)
+    if status == "failed":
+        with pytest.warns(UserWarning, match="events were lost"):
+            logger.finalize(status)
+    else:
+        with pytest.raises(RuntimeError, match="writing TensorBoard step events failed"):
+            logger.finalize(status)
+    assert logger._helper is None  # the thread was stopped either way
