@@ -46,7 +46,7 @@ from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.demos import DEMO_BRANCHES, DemoSetup
 from lit_spikes.main_job import run_main_job
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
+from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule, set_flush_denormal
 from lit_spikes.plain import evaluate_bpc, train_plain
 from lit_spikes.training import RunSpec, ddp_env
 
@@ -310,7 +310,7 @@ def bench_subnormals(console: Console, steps: int = 300) -> None:
         )
         runs[flush] = (1000 * (time.perf_counter() - start) / steps, result)
     (flushed_ms, flushed), (kept_ms, kept) = runs[True], runs[False]
-    torch.set_flush_denormal(True)  # train_plain leaves the thread as it ran
+    set_flush_denormal(True)  # train_plain leaves the thread as it ran
     kept_state, flushed_state = kept.model.state_dict(), flushed.model.state_dict()
     same = all(torch.equal(v, flushed_state[k]) for k, v in kept_state.items())
     console.print(

@@ -125,13 +125,18 @@ def test_events_are_built_and_written_off_the_loops_thread(tmp_path: Path) -> No
     assert tb_scalars(tmp_path / "run") == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
 
 
-def test_a_failed_write_is_raised_by_the_next_call(tmp_path: Path) -> None:
-    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+def _break_writer(logger: TensorBoardStepLogger) -> None:
+    """Every event the logger's helper adds from now on fails, as on a full disk."""
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
     logger.experiment._get_file_writer().add_summary = broken
+
+
+def test_a_failed_write_is_raised_by_the_next_call(tmp_path: Path) -> None:
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
+    _break_writer(logger)
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.write_pending()
     with pytest.raises(RuntimeError, match="writing TensorBoard step events failed") as error:
@@ -156,11 +161,7 @@ def test_the_logger_pickles_without_its_thread(tmp_path: Path) -> None:
 def test_finalize_closes_the_file_even_after_a_failed_write(tmp_path: Path, status: str) -> None:
     """A failed run's own error is not replaced by a write error: finalize warns then."""
     logger = TensorBoardStepLogger(str(tmp_path), name="run", version="")
-
-    def broken(*args: Any, **kwargs: Any) -> None:
-        raise OSError("disk full")
-
-    logger.experiment._get_file_writer().add_summary = broken
+    _break_writer(logger)
     logger.log_metrics({"loss": 1.0}, step=0)
     if status == "failed":
         with pytest.warns(UserWarning, match="events were lost"):
