@@ -13,6 +13,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from lit_spikes.checkpoints import wait_for_writes
+
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class PreemptionCheckpoint(Callback):
             return
         path = self.dirpath / f"step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)
+        wait_for_writes()  # on disk before saying so, and before the process may be killed
         self.saved_path = path
         trainer.should_stop = True
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"

@@ -19,12 +19,17 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+import lit_spikes.checkpoints as checkpoints_module
 from callbacks import CheckpointRetention, RollbackRestore, SpikeDetector
 from lit_spikes.checkpoints import (
+    AtomicCheckpointIO,
     CheckpointError,
+    CheckpointWriteError,
     atomic_torch_save,
+    checkpoint_files,
     load_checkpoint,
     remove_leftovers,
+    wait_for_writes,
 )
 from lit_spikes.cli import main as cli_main
 from lit_spikes.training import checkpoint_path
@@ -76,6 +81,110 @@ def test_sigkill_while_saving_never_leaves_a_partial_checkpoint(tmp_path: Path) 
         mid_save += bool(remove_leftovers(target.parent))  # a temp file: killed mid-write
         assert sorted(p.name for p in target.parent.iterdir()) == ["step=10.ckpt"]
     assert len(seen) > 1 and mid_save > 0  # kills landed at many points, some mid-write
+
+
+def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Background writes that start ``seconds`` late: a reader that does not wait misses."""
+    original = checkpoints_module.atomic_write
+
+    def slow(path: Any, write: Any) -> None:
+        time.sleep(seconds)
+        original(path, write)
+
+    monkeypatch.setattr(checkpoints_module, "atomic_write", slow)
+
+
+def test_background_write_is_the_synchronous_file_of_the_state_at_save_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = {"weights": torch.arange(6.0), "step": 3, "nested": [{"m": torch.ones(2)}]}
+    atomic_torch_save(state, tmp_path / "sync.ckpt")
+    _slow_writes(monkeypatch, 0.3)
+    io_plugin = AtomicCheckpointIO(background_writes=True)
+    io_plugin.save_checkpoint(state, tmp_path / "step=3.ckpt")
+    state["weights"].add_(100.0)  # training goes on at once: the file keeps step 3's state
+    state["nested"][0]["m"].zero_()
+    assert not (tmp_path / "step=3.ckpt").exists()  # still being written
+    assert [step for step, _ in checkpoint_files(tmp_path)] == [3]  # the reader waited
+    assert (tmp_path / "step=3.ckpt").read_bytes() == (tmp_path / "sync.ckpt").read_bytes()
+
+
+def test_every_reader_waits_for_background_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    template = {"state_dict": {}, "optimizer_states": [], "lr_schedulers": [], "loops": {}}
+    _slow_writes(monkeypatch, 0.2)
+    io_plugin = AtomicCheckpointIO(background_writes=True)
+    path = tmp_path / "step=7.ckpt"
+    io_plugin.save_checkpoint({**template, "global_step": 7}, path)
+    assert load_checkpoint(path)["global_step"] == 7
+    io_plugin.save_checkpoint({**template, "global_step": 8}, path)
+    assert io_plugin.load_checkpoint(path)["global_step"] == 8
+    io_plugin.save_checkpoint({**template, "global_step": 9}, path)
+    io_plugin.remove_checkpoint(path)  # waits, or the pending write would put it back
+    wait_for_writes()
+    assert not path.exists()
+    io_plugin.save_checkpoint({**template, "global_step": 10}, path)
+    io_plugin.teardown()  # the end of every fit
+    assert path.exists() and not remove_leftovers(tmp_path)
+
+
+def test_a_failed_background_write_is_raised_naming_the_file_and_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "step=5.ckpt"
+    atomic_torch_save({"version": 1}, path)
+
+    def full_disk(target: Any, write: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints_module, "atomic_write", full_disk)
+    io_plugin = AtomicCheckpointIO(background_writes=True)
+    io_plugin.save_checkpoint({"version": 2}, path)
+    with pytest.raises(CheckpointWriteError, match="No space left") as error:
+        io_plugin.teardown()
+    assert str(path) in str(error.value)
+    assert torch.load(path, weights_only=True) == {"version": 1}
+    wait_for_writes()  # raised once: the next reader is not blamed for it
+
+
+def test_a_run_writes_its_checkpoints_in_the_background_only_in_one_process(
+    tmp_path: Path,
+) -> None:
+    run = fit(tmp_path, "one", K, checkpoint_every=EVERY)
+    io_plugin = run.trainer.strategy.checkpoint_io
+    assert isinstance(io_plugin, AtomicCheckpointIO) and io_plugin.background_writes
+    assert [step for step, _ in checkpoint_files(run.spec.run_dir / "checkpoints")] == [5, 10]
+    spec = replace(run.spec, trainer_kwargs={"devices": 2, "strategy": "ddp"})
+    io_plugin = spec.trainer().strategy.checkpoint_io
+    assert isinstance(io_plugin, AtomicCheckpointIO) and not io_plugin.background_writes
+
+
+def test_the_trainers_per_step_shortcuts_change_nothing_lightning_relies_on(
+    tmp_path: Path,
+) -> None:
+    """NoProfiler by default and replaceable; the train stream is handed to Lightning as is
+    (no DataLoader round per step); training_step's kept signature is its own."""
+    import inspect
+    import types
+
+    from lightning.pytorch.profilers import SimpleProfiler
+    from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+
+    from lit_spikes.data import StepBatches
+    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.training import NoProfiler
+
+    run = fit(tmp_path, "run", 2)
+    assert isinstance(run.trainer.profiler, NoProfiler)
+    assert isinstance(run.trainer.train_dataloader, StepBatches)
+    spec = replace(run.spec, trainer_kwargs={"profiler": "simple"})
+    assert isinstance(spec.trainer().profiler, SimpleProfiler)
+    step = TinyGPTModule.training_step
+    fresh = types.FunctionType(step.__code__, step.__globals__, step.__name__)
+    fresh.__annotations__ = step.__annotations__
+    assert step.__signature__ == inspect.signature(fresh)  # type: ignore[attr-defined]
+    assert is_param_in_hook_signature(run.module.training_step, "batch_idx", min_args=2)
 
 
 # ------------------------------------------------------------------ 2. broken files
