@@ -236,6 +236,17 @@ class TinyGPTModule(pl.LightningModule):
         """Steps whose loss or gradient was NaN/inf: their update was not applied."""
 
     @override
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The Trainer sets _current_fx_name (a str or None) before and after every hook
+        # call, about 46 times a step. nn.Module.__setattr__ checks each value against
+        # parameters, buffers and submodules first (1.45 us a call, 0.25 us this way);
+        # the name is none of those, so storing it directly is what it would do.
+        if name == "_current_fx_name" and (value is None or type(value) is str):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    @override
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
         out: GPTOutput = self.model(idx, targets)
         return out

@@ -164,7 +164,8 @@ def test_the_trainers_per_step_shortcuts_change_nothing_lightning_relies_on(
     tmp_path: Path,
 ) -> None:
     """NoProfiler by default and replaceable; the train stream is handed to Lightning as is
-    (no DataLoader round per step); training_step's kept signature is its own."""
+    (no DataLoader round per step); training_step's kept signature is its own; the module
+    stores the Trainer's hook name directly, and every other attribute as nn.Module does."""
     import inspect
     import types
 
@@ -185,6 +186,15 @@ def test_the_trainers_per_step_shortcuts_change_nothing_lightning_relies_on(
     fresh.__annotations__ = step.__annotations__
     assert step.__signature__ == inspect.signature(fresh)  # type: ignore[attr-defined]
     assert is_param_in_hook_signature(run.module.training_step, "batch_idx", min_args=2)
+    module = run.module
+    module._current_fx_name = "training_step"
+    assert vars(module)["_current_fx_name"] == "training_step"
+    module._current_fx_name = None
+    assert module._current_fx_name is None
+    with pytest.raises(TypeError, match="cannot assign"):
+        module.model = "not a module"  # type: ignore[assignment]
+    module.extra = torch.nn.Parameter(torch.zeros(1))
+    assert "extra" in dict(module.named_parameters())
 
 
 # ------------------------------------------------------------------ 2. broken files
