@@ -25,7 +25,6 @@ from typing_extensions import override
 
 from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
-    AtomicCheckpointIO,
     CheckpointError,
     checkpoint_step,
     newest_valid_checkpoint,
@@ -35,7 +34,12 @@ from lit_spikes.data import StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
-from lit_spikes.training import CHECKPOINT_DIRNAME, step_checkpoint
+from lit_spikes.training import (
+    CHECKPOINT_DIRNAME,
+    NoProfiler,
+    checkpoint_io_for,
+    step_checkpoint,
+)
 
 if TYPE_CHECKING:
     from lit_spikes.diagnose import Verdict
@@ -149,7 +153,9 @@ class LitSpikesCLI(LightningCLI):
                 save_dir=root, name="", version="", purge_step=getattr(self, "_resume_step", None)
             )
         if not trainer_config.get("plugins"):
-            trainer_config["plugins"] = [AtomicCheckpointIO()]
+            trainer_config["plugins"] = [checkpoint_io_for(trainer_config)]
+        if trainer_config.get("profiler") is None:  # Lightning's default, cheaper
+            trainer_config["profiler"] = NoProfiler()
         return self._instantiate_trainer(trainer_config, callbacks)
 
 

@@ -174,8 +174,17 @@ class RunSpec:
         }
         kwargs.update(self.trainer_kwargs)
         if "plugins" not in self.trainer_kwargs:
-            # Files written in the background only where no other process reads them
-            # mid-run: under DDP a rank could look for a file rank 0 is still writing.
-            one_process = kwargs["devices"] == 1 and kwargs.get("num_nodes", 1) == 1
-            kwargs["plugins"] = [AtomicCheckpointIO(background_writes=one_process)]
+            kwargs["plugins"] = [checkpoint_io_for(kwargs)]
         return pl.Trainer(**kwargs)
+
+
+def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:
+    """The checkpoint plugin of a Trainer built with ``trainer_kwargs``: files written in
+    the background only where no other process reads them mid-run (under DDP a rank
+    could look for a file rank 0 is still writing). One process means one device on one
+    node, as ``devices=1``, ``"1"`` or ``[0]`` ask; ``"auto"`` and anything else write
+    synchronously."""
+    devices = trainer_kwargs.get("devices", "auto")
+    one_device = devices in (1, "1") or (isinstance(devices, list) and len(devices) == 1)
+    one_process = one_device and trainer_kwargs.get("num_nodes", 1) == 1
+    return AtomicCheckpointIO(background_writes=one_process)

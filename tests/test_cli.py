@@ -82,3 +82,43 @@ def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     for command in ("fit", "recover", "diagnose"):
         assert f"\n  {command} " in out, command
+
+
+def test_fit_writes_checkpoints_as_the_scripts_do() -> None:
+    """In one process, files are written in the background and the no-op profiler is the
+    cheap one; under DDP, or with a profiler asked for, each is what was asked."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from lit_spikes.checkpoints import AtomicCheckpointIO
+    from lit_spikes.cli import build_cli
+    from lit_spikes.training import NoProfiler
+
+    trainer = build_cli([], run=False).trainer
+    io_plugin = trainer.strategy.checkpoint_io
+    assert isinstance(io_plugin, AtomicCheckpointIO) and io_plugin.background_writes
+    assert isinstance(trainer.profiler, NoProfiler)
+    args = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.profiler", "simple"]
+    trainer = build_cli(args, run=False).trainer
+    io_plugin = trainer.strategy.checkpoint_io
+    assert isinstance(io_plugin, AtomicCheckpointIO) and not io_plugin.background_writes
+    assert isinstance(trainer.profiler, SimpleProfiler)
+
+
+@pytest.mark.parametrize(
+    ("trainer_kwargs", "background"),
+    [
+        ({"devices": 1}, True),
+        ({"devices": "1"}, True),
+        ({"devices": [0]}, True),
+        ({"devices": 1, "num_nodes": 2}, False),
+        ({"devices": 2}, False),
+        ({"devices": "auto"}, False),
+        ({}, False),
+    ],
+)
+def test_background_writes_only_for_one_device_on_one_node(
+    trainer_kwargs: dict[str, object], background: bool
+) -> None:
+    from lit_spikes.training import checkpoint_io_for
+
+    assert checkpoint_io_for(trainer_kwargs).background_writes is background
