@@ -82,11 +82,6 @@ class OptimConfig:
         return optimizer, LambdaLR(optimizer, self.schedule())
 
 
-HAND_OVER_EVERY = 10
-"""``TinyGPTModule`` hands its waiting TensorBoard steps to the logger's helper thread
-every this many steps (waking a thread costs 0.02-0.05 ms on this VM)."""
-
-
 def grad_norm(parameters: Any) -> torch.Tensor:
     """Total L2 norm of the gradients, bit-equal to what ``clip_grad_norm_`` measures (the
     norm of the per-tensor norms), changing nothing. ``get_total_norm`` takes one Python
@@ -344,7 +339,7 @@ class TinyGPTModule(pl.LightningModule):
         # about as long as the helper works (0.07 ms per step's event, measured).
         for logger in self.loggers:
             if isinstance(logger, TensorBoardStepLogger):
-                logger.write_pending(min_steps=HAND_OVER_EVERY)
+                logger.hand_over()
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -12,7 +12,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from lit_spikes.module import HAND_OVER_EVERY
 from lit_spikes.tb import TensorBoardStepLogger
 from tests.conftest import fit, tb_scalars
 
@@ -72,15 +71,20 @@ def test_waiting_events_are_written_past_max_pending_before_others_and_at_finali
     assert [s for s, _ in tb_scalars(tmp_path / "run")["loss"]] == [0, 1, 2, 3, 5]
     with pytest.raises(ValueError, match="max_pending=0 must be >= 1"):
         TensorBoardStepLogger(str(tmp_path), max_pending=0)
+    with pytest.raises(ValueError, match="hand_over_every=0 must be >= 1"):
+        TensorBoardStepLogger(str(tmp_path), hand_over_every=0)
 
 
 def test_steps_reach_the_writer_at_a_backward_every_hand_over_every_steps(
     tmp_path: Path,
 ) -> None:
     """TinyGPTModule hands the waiting steps to the logger's helper thread right before a
-    backward pass (which runs without the GIL), once ``HAND_OVER_EVERY`` of them wait:
-    not at a step's end, and not every step."""
-    every = HAND_OVER_EVERY
+    backward pass, once the logger's ``hand_over_every`` of them wait: not at a step's
+    end, and not every step."""
+    every = 4
+    logger = TensorBoardStepLogger(
+        str(tmp_path), name="run", version="", default_hp_metric=False, hand_over_every=every
+    )
     written: dict[tuple[str, int], list[int]] = {}
 
     class Probe(Callback):  # callback hooks run before the module's
@@ -96,7 +100,7 @@ def test_steps_reach_the_writer_at_a_backward_every_hand_over_every_steps(
             self._read(trainer, "after backward")
 
     steps = 2 * every + 3
-    run = fit(tmp_path, "run", steps, callbacks=[Probe()])
+    run = fit(tmp_path, "run", steps, callbacks=[Probe()], logger=logger)
     for k in range(steps):
         assert written["before backward", k] == list(range(every * ((k - 1) // every))), k
         assert written["after backward", k] == list(range(every * (k // every))), k
