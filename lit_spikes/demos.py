@@ -31,14 +31,44 @@ DEMO_BRANCHES = 7
 """Branches of demos 1 and 2 together: more workers than this would idle."""
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+"""Where a container sees its own CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu/cpu.cfs_*``)."""
+
+
+def usable_cores(cgroup_root: Path | None = None) -> int:
+    """Whole cores this process can keep busy: those it may run on (its affinity), fewer
+    where a container's CPU quota allows less (1.5 CPUs of quota: 1 core). The quota is
+    read under ``cgroup_root`` (default ``CGROUP_ROOT``)."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    quota = _cpu_quota(CGROUP_ROOT if cgroup_root is None else cgroup_root)
+    return max(1, min(cores, int(quota)) if quota is not None else cores)
+
+
+def _cpu_quota(cgroup_root: Path) -> float | None:
+    """CPUs of quota (quota / period), or None where none is set or none can be read."""
+    try:
+        if (cgroup_root / "cpu.max").is_file():
+            quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        else:
+            v1 = cgroup_root / "cpu"
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        if quota == "max" or int(quota) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
 def default_workers() -> int:
-    """Worker processes that give each core usable here one training process, counting the
-    main process. More processes than cores time-share them: 3 plain training loops on
-    this project's 2 cores got 4% less done than 2 did, and the main job took 2% longer.
-    Cores are those this process may run on (its affinity); a container's CPU quota is
-    not read: pass ``--workers`` there."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min((cores or 2) - 1, DEMO_BRANCHES))
+    """Worker processes that give each usable core (``usable_cores``) one training
+    process, counting the main process. More processes than cores time-share them: 3
+    plain training loops on this project's 2 cores got 4% less done than 2 did, and the
+    main job took 2% longer."""
+    return max(1, min(usable_cores() - 1, DEMO_BRANCHES))
 
 
 @dataclass

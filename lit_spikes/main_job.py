@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
         type=int,
         default=default_workers(),
         help="branch processes beside this one, which trains too (default: one per other "
-        "core, here %(default)s)",
+        "core this process may use, CPU quota counted: here %(default)s)",
     )
     parser.add_argument(
         "--devices",

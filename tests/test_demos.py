@@ -73,11 +73,40 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 3), (64, DEMO_BRANCHES)])
 def test_default_workers_one_process_per_core_at_most_one_per_branch(
-    monkeypatch: pytest.MonkeyPatch, cores: int, workers: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cores: int, workers: int
 ) -> None:
+    import lit_spikes.demos
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(lit_spikes.demos, "CGROUP_ROOT", tmp_path)  # no quota, whatever the host's
     assert default_workers() == workers
     assert DemoSetup().workers == workers
+
+
+@pytest.mark.parametrize(
+    ("files", "cores"),
+    [
+        ({}, 8),
+        ({"cpu.max": "max 100000\n"}, 8),
+        ({"cpu.max": "200000 100000\n"}, 2),
+        ({"cpu.max": "150000 100000\n"}, 1),
+        ({"cpu.max": "50000 100000\n"}, 1),
+        ({"cpu.max": "1600000 100000\n"}, 8),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8),
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+        ({"cpu.max": "garbage"}, 8),
+    ],
+)
+def test_usable_cores_follow_a_containers_cpu_quota(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str], cores: int
+) -> None:
+    from lit_spikes.demos import usable_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert usable_cores(tmp_path) == cores
 
 
 def test_palm_cost_matches_the_paper_numbers() -> None:
