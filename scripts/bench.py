@@ -308,23 +308,29 @@ def bench_model(console: Console, steps: int = 20) -> None:
     bench_subnormals(console)
 
 
-def bench_subnormals(console: Console, steps: int = 300) -> None:
-    """Part 5: the default run with subnormal floats flushed (the default) and kept."""
-    runs = {}
-    for flush in (True, False):
-        start = time.perf_counter()
-        result = train_plain(
-            GPTConfig(), OptimConfig(), DataConfig(), steps, flush_denormal=flush, record=True
-        )
-        runs[flush] = (1000 * (time.perf_counter() - start) / steps, result)
-    (flushed_ms, flushed), (kept_ms, kept) = runs[True], runs[False]
+def bench_subnormals(console: Console, steps: int = 300, pairs: int = 3) -> None:
+    """Part 5: the default run with subnormal floats flushed (the default) and kept,
+    ``pairs`` interleaved pairs in alternating order, medians and the median pair ratio."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    same = True
+    for pair in range(pairs):
+        results = {}
+        for flush in (True, False) if pair % 2 == 0 else (False, True):
+            start = time.perf_counter()
+            results[flush] = train_plain(
+                GPTConfig(), OptimConfig(), DataConfig(), steps, flush_denormal=flush, record=True
+            )
+            times[flush].append(1000 * (time.perf_counter() - start) / steps)
+        kept, flushed = results[False].model.state_dict(), results[True].model.state_dict()
+        same = same and all(torch.equal(v, flushed[k]) for k, v in kept.items())
     set_flush_denormal(True)  # train_plain leaves the thread as it ran
-    kept_state, flushed_state = kept.model.state_dict(), flushed.model.state_dict()
-    same = all(torch.equal(v, flushed_state[k]) for k, v in kept_state.items())
+    flushed_ms, kept_ms = statistics.median(times[True]), statistics.median(times[False])
+    ratio = statistics.median(k / f for f, k in zip(times[True], times[False], strict=True))
     console.print(
-        f"Subnormal floats, default model, {steps} steps: flushed [bold]{flushed_ms:.1f}[/bold] "
-        f"ms/step, kept {kept_ms:.1f} ms/step ({kept_ms / flushed_ms:.2f}x); final weights "
-        f"bit-equal: {same}"
+        f"Subnormal floats, default model, {steps} steps, {pairs} pairs (medians): flushed "
+        f"[bold]{flushed_ms:.1f}[/bold] ms/step, kept {kept_ms:.1f} ms/step "
+        f"([bold]{ratio:.2f}x[/bold], median pair ratio); final weights bit-equal in every "
+        f"pair: {same}"
     )
 
 
