@@ -61,7 +61,7 @@ from typing_extensions import override
 from callbacks import BatchSkipper, LRScaler, PreemptionCheckpoint, SkipStep, SpikeDetector
 from callbacks._common import module_history, trainer_callbacks
 from callbacks.rollback import RollbackRestore
-from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint
+from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint, wait_for_writes
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import (
@@ -1145,6 +1145,7 @@ class RecoveryLoop:
             final = checkpoint_path(run_dir, config.steps)
             if self._on_leader(lambda: not final.is_file()):
                 trainer.save_checkpoint(final)  # every rank: a collective under DDP
+                wait_for_writes()  # on disk (or its error raised) before the ledger names it
         self._on_leader(lambda: self._conclude(record, detector, trainer, gate))
 
     def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:

@@ -180,8 +180,9 @@ class RunSpec:
 
 def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:
     """The checkpoint plugin of a Trainer built with ``trainer_kwargs``: files written in
-    the background only where no other process reads them mid-run (under DDP a rank
-    could look for a file rank 0 is still writing). One process means one device on one
+    the background only in a run of one process (under DDP a rank could look for a file
+    rank 0 is still writing; a process that hands a file to another, as the main job's
+    reporter does, calls ``wait_for_writes`` first). One process means one device on one
     node, as ``devices=1``, ``"1"`` or ``[0]`` ask; ``"auto"`` and anything else write
     synchronously."""
     devices = trainer_kwargs.get("devices", "auto")

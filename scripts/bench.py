@@ -171,7 +171,7 @@ def bench_checkpoints(console: Console, repeats: int = 5) -> None:
     from lit_spikes.checkpoints import load_checkpoint, wait_for_writes
 
     table = Table(
-        title="3. Checkpoint cost and size (AtomicCheckpointIO as the demos run it: the "
+        title="3. Checkpoint cost and size (AtomicCheckpointIO in a one-process run: the "
         "loop pays for 'save', the file with its fsyncs is 'then written' in a helper thread)"
     )
     for column in (

@@ -135,17 +135,35 @@ def test_a_failed_background_write_is_raised_naming_the_file_and_keeps_the_old_o
     path = tmp_path / "step=5.ckpt"
     atomic_torch_save({"version": 1}, path)
 
-    def full_disk(target: Any, write: Any) -> None:
+    def full_disk(fd: int) -> None:  # the new file's data cannot reach the disk
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoints_module, "atomic_write", full_disk)
+    monkeypatch.setattr(os, "fsync", full_disk)
     io_plugin = AtomicCheckpointIO(background_writes=True)
     io_plugin.save_checkpoint({"version": 2}, path)
     with pytest.raises(CheckpointWriteError, match="No space left") as error:
         io_plugin.teardown()
+    monkeypatch.undo()
     assert str(path) in str(error.value)
     assert torch.load(path, weights_only=True) == {"version": 1}
+    assert not remove_leftovers(tmp_path)  # no temporary file left either
     wait_for_writes()  # raised once: the next reader is not blamed for it
+    # It crosses a process pool (a branch worker's error) as itself.
+    copy = pickle.loads(pickle.dumps(error.value))
+    assert isinstance(copy, CheckpointWriteError) and copy.path == path
+    assert str(copy) == str(error.value)
+    broken = pickle.loads(pickle.dumps(CheckpointError(path, "truncated")))
+    assert (broken.path, broken.reason) == (path, "truncated")
+
+
+def test_a_rank_of_several_saves_synchronously_whatever_the_plugin_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher (MPI, LSF) may start several ranks whatever the Trainer's devices say."""
+    _slow_writes(monkeypatch, 0.3)
+    monkeypatch.setattr(checkpoints_module, "_several_ranks", lambda: True)
+    AtomicCheckpointIO(background_writes=True).save_checkpoint({"v": 1}, tmp_path / "a.ckpt")
+    assert (tmp_path / "a.ckpt").exists()  # already there: not handed to the helper
 
 
 def test_a_run_writes_its_checkpoints_in_the_background_only_in_one_process(
