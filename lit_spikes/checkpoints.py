@@ -201,16 +201,18 @@ class _BackgroundWriter:
             CheckpointWriteError: for the first write that failed (the others are waited for).
         """
         with self._lock:
-            if not self._pending:
-                return
-            pending, self._pending = self._pending, []
-        first: CheckpointWriteError | None = None
-        for path, future in pending:
+            pending = list(self._pending)
+        if not pending:
+            return
+        for _, future in pending:  # another thread waiting too returns no earlier
+            future.exception()
+        with self._lock:  # each error to one caller: the one that takes its entry
+            mine = [entry for entry in pending if entry in self._pending]
+            self._pending = [entry for entry in self._pending if entry not in pending]
+        for path, future in mine:
             error = future.exception()
-            if error is not None and first is None:
-                first = CheckpointWriteError(path, error)
-        if first is not None:
-            raise first
+            if error is not None:
+                raise CheckpointWriteError(path, error)
 
 
 _WRITER = _BackgroundWriter()

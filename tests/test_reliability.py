@@ -129,6 +129,28 @@ def test_every_reader_waits_for_background_writes(
     assert path.exists() and not remove_leftovers(tmp_path)
 
 
+def test_two_threads_waiting_at_once_both_return_after_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    _slow_writes(monkeypatch, 0.3)
+    path = tmp_path / "step=1.ckpt"
+    AtomicCheckpointIO(background_writes=True).save_checkpoint({"v": 1}, path)
+    seen: list[bool] = []
+
+    def waiter() -> None:
+        wait_for_writes()
+        seen.append(path.exists())
+
+    threads = [threading.Thread(target=waiter) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [True, True]
+
+
 def test_a_failed_background_write_is_raised_naming_the_file_and_keeps_the_old_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
