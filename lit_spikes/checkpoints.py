@@ -7,6 +7,7 @@ import io
 import os
 import pickle
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -281,7 +282,8 @@ class AtomicCheckpointIO(CheckpointIO):
 
     Raises:
         CheckpointWriteError: from the next save, ``teardown`` or reader, when a
-            background write failed.
+            background write failed (``teardown`` of a run that is failing anyway warns
+            instead, and the run's own error is raised).
 
     Example:
         >>> trainer = pl.Trainer(plugins=[AtomicCheckpointIO(background_writes=True)])
@@ -309,7 +311,19 @@ class AtomicCheckpointIO(CheckpointIO):
 
     @override
     def teardown(self) -> None:
-        wait_for_writes()
+        # Lightning tears down inside its ``except`` when fit fails: raising here would
+        # replace the run's own error (the one a caller catches) with this one.
+        failing = sys.exc_info()[1]
+        try:
+            wait_for_writes()
+        except CheckpointWriteError as error:
+            if failing is None:
+                raise
+            warnings.warn(
+                f"{error} (a warning, not raised: the run is already failing with "
+                f"{type(failing).__name__}, which is raised instead)",
+                stacklevel=2,
+            )
 
     @override
     def load_checkpoint(

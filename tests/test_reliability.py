@@ -178,6 +178,34 @@ def test_a_failed_background_write_is_raised_naming_the_file_and_keeps_the_old_o
     assert (broken.path, broken.reason) == (path, "truncated")
 
 
+def test_a_failing_run_raises_its_own_error_and_warns_of_a_failed_background_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning tears down inside its ``except``: the write error must not replace the
+    error the caller is waiting for."""
+
+    class Boom(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == EVERY + 2:
+                raise KeyError("the run's own error")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with (
+        pytest.raises(KeyError, match="the run's own error"),
+        pytest.warns(UserWarning, match=f"step={EVERY}.ckpt.*No space left.*KeyError"),
+    ):
+        fit(tmp_path, "failing", K, checkpoint_every=EVERY, callbacks=[Boom()])
+    monkeypatch.undo()
+    wait_for_writes()  # reported once, as the warning
+    # A run that does not fail still raises it.
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(CheckpointWriteError, match=f"step={EVERY}.ckpt.*No space left"):
+        fit(tmp_path, "ending", EVERY, checkpoint_every=EVERY)
+
+
 def test_a_rank_of_several_saves_synchronously_whatever_the_plugin_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
