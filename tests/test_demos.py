@@ -79,34 +79,75 @@ def test_default_workers_one_process_per_core_at_most_one_per_branch(
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr(lit_spikes.demos, "CGROUP_ROOT", tmp_path)  # no quota, whatever the host's
+    monkeypatch.setattr(lit_spikes.demos, "PROC_SELF_CGROUP", tmp_path / "no-such-file")
     assert default_workers() == workers
     assert DemoSetup().workers == workers
 
 
+V2_SERVICE = "0::/user.slice/app.service\n"
+V1_JOB = "5:memory:/batch/job1\n4:cpu,cpuacct:/batch/job1\n0::/\n"
+
+
 @pytest.mark.parametrize(
-    ("files", "cores"),
+    ("files", "proc", "cores"),
     [
-        ({}, 8),
-        ({"cpu.max": "max 100000\n"}, 8),
-        ({"cpu.max": "200000 100000\n"}, 2),
-        ({"cpu.max": "150000 100000\n"}, 1),
-        ({"cpu.max": "50000 100000\n"}, 1),
-        ({"cpu.max": "1600000 100000\n"}, 8),
-        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 8),
-        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
-        ({"cpu.max": "garbage"}, 8),
+        ({}, None, 8),
+        ({"cpu.max": "max 100000\n"}, None, 8),
+        ({"cpu.max": "200000 100000\n"}, None, 2),
+        ({"cpu.max": "150000 100000\n"}, None, 1),
+        ({"cpu.max": "50000 100000\n"}, None, 1),
+        ({"cpu.max": "1600000 100000\n"}, None, 8),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None, 8),
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, None, 3),
+        ({"cpu.max": "garbage"}, None, 8),
+        # The process's own cgroup and every one above it: the smallest quota binds.
+        ({"user.slice/app.service/cpu.max": "300000 100000\n"}, V2_SERVICE, 3),
+        (
+            {
+                "user.slice/cpu.max": "200000 100000\n",
+                "user.slice/app.service/cpu.max": "max 100000\n",
+            },
+            V2_SERVICE,
+            2,
+        ),
+        (
+            {
+                "cpu.max": "500000 100000\n",
+                "user.slice/cpu.max": "300000 100000\n",
+                "user.slice/app.service/cpu.max": "600000 100000\n",
+            },
+            V2_SERVICE,
+            3,
+        ),
+        ({"elsewhere.slice/cpu.max": "100000 100000\n"}, V2_SERVICE, 8),  # not ours
+        (
+            {
+                "cpu/batch/job1/cpu.cfs_quota_us": "200000\n",
+                "cpu/batch/job1/cpu.cfs_period_us": "100000\n",
+            },
+            V1_JOB,
+            2,
+        ),
+        ({"user.slice/app.service/cpu.max": "300000 100000\n"}, "not a cgroup file", 8),
     ],
 )
-def test_usable_cores_follow_a_containers_cpu_quota(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str], cores: int
+def test_usable_cores_follow_the_cpu_quota_of_the_process_cgroup_and_those_above_it(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    files: dict[str, str],
+    proc: str | None,
+    cores: int,
 ) -> None:
     from lit_spikes.demos import usable_cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    root, proc_cgroup = tmp_path / "cgroup", tmp_path / "proc_self_cgroup"
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert usable_cores(tmp_path) == cores
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    if proc is not None:
+        proc_cgroup.write_text(proc)
+    assert usable_cores(root, proc_cgroup) == cores
 
 
 def test_palm_cost_matches_the_paper_numbers() -> None:
