@@ -60,6 +60,14 @@ class GPTOutput(NamedTuple):
     max_logit: torch.Tensor  # scalar, detached: largest pre-softmax attention logit
 
 
+def _ignore_saved_mask(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
+    """Checkpoints written before the mask left them still hold it: the same causal mask,
+    derived from block_size, so it is dropped rather than refused as an unexpected key."""
+    state_dict.pop(prefix + "mask", None)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -72,8 +80,11 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = nn.LayerNorm(head_dim) if config.qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(head_dim) if config.qk_norm else nn.Identity()
         mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
-        self.register_buffer("mask", mask.view(1, 1, config.block_size, config.block_size))
+        # Derived from block_size, so not saved: 4 KB and one tensor a layer per checkpoint.
+        mask = mask.view(1, 1, config.block_size, config.block_size)
+        self.register_buffer("mask", mask, persistent=False)
         self.mask: torch.Tensor
+        self.register_load_state_dict_pre_hook(_ignore_saved_mask)  # type: ignore[no-untyped-call]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, T, C = x.shape

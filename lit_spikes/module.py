@@ -420,7 +420,12 @@ class TinyGPTModule(pl.LightningModule):
             )
         saved = entry["fingerprint"]
         check_model_config(saved["model"], asdict(self.model_config))
-        check_state_shapes(checkpoint["state_dict"], self.state_dict())
+        current = self.state_dict()
+        # Buffers derived from the config (the causal mask) that older files still hold:
+        # the model drops them as it loads (its load_state_dict pre-hook).
+        derived = {name for name, _ in self.named_buffers()} - current.keys()
+        saved_state = {k: v for k, v in checkpoint["state_dict"].items() if k not in derived}
+        check_state_shapes(saved_state, current)
         for key, label in (("optimizer_states", "optimizers"), ("lr_schedulers", "schedulers")):
             count = len(checkpoint.get(key, []))
             if count != 1:

@@ -66,6 +66,28 @@ def test_resume_at_step_off_every_interval(tmp_path: Path) -> None:
     assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
 
 
+def test_checkpoints_leave_the_causal_mask_out_and_older_ones_holding_it_still_resume(
+    tmp_path: Path,
+) -> None:
+    """The mask is derived from block_size: bloat in every file, ignored where found."""
+    from lit_spikes.checkpoints import atomic_torch_save
+
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+    saved = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
+    assert not [key for key in saved["state_dict"] if "mask" in key]
+    causal = torch.tril(torch.ones(TINY_GPT.block_size, TINY_GPT.block_size, dtype=torch.bool))
+    for layer in range(TINY_GPT.n_layer):  # as files written before held it
+        saved["state_dict"][f"model.blocks.{layer}.attn.mask"] = causal.view(1, 1, *causal.shape)
+    older = tmp_path / "older" / f"step={K}.ckpt"
+    older.parent.mkdir()
+    atomic_torch_save(saved, older)
+    resumed = fit(tmp_path, "resumed", N, checkpoint_every=EVERY, ckpt_path=older)
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+
+
 def test_resume_in_a_new_process_through_the_cli(tmp_path: Path) -> None:
     reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
     config = {
