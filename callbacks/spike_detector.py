@@ -62,7 +62,8 @@ class SpikeDetector(Callback):
     Args:
         metrics: which per-step values to watch: ``"loss"``, ``"max_logit"``, ``"grad_norm"``.
         window: steps in the rolling reference.
-        warmup: steps recorded before any value can be flagged (a NaN is flagged always).
+        warmup: steps recorded before any value can be flagged (a NaN or inf of a watched
+            value is flagged always).
         ratio: flag values above ``ratio`` x the reference mean (None: not used).
         z_score: flag values above mean + ``z_score`` x std (None: not used).
         mode: ``"any"`` flags when either threshold is crossed, ``"all"`` when both are.
@@ -169,7 +170,8 @@ class SpikeDetector(Callback):
                 continue
             limit = self.threshold(metric)
             reference = sum(self._recent[metric]) / max(1, len(self._recent[metric]))
-            non_finite = metric == "loss" and not math.isfinite(value)
+            # NaN/inf of any watched value is a spike at once: NaN > limit is never true.
+            non_finite = not math.isfinite(value)
             if non_finite or (limit is not None and step >= self.min_step and value > limit):
                 spike = {"step": step, "metric": metric, "value": value, "reference": reference}
                 if rank_values is not None:

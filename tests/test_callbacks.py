@@ -72,6 +72,20 @@ def test_spike_detector_flags_a_jump_and_a_nan_and_not_noise() -> None:
     assert math.isnan(detector.spikes[1]["value"])
 
 
+@pytest.mark.parametrize("metric", ["loss", "max_logit", "grad_norm"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_spike_detector_flags_a_non_finite_value_of_any_watched_metric(
+    metric: str, bad: float
+) -> None:
+    detector = SpikeDetector(metrics=(metric,), window=5, warmup=5)
+    assert detector.check(0, {metric: bad})  # even before the warm-up ends
+    for step in range(1, 7):
+        assert not detector.check(step, {metric: 2.0})  # and it never entered the reference
+    found = detector.check(7, {metric: bad})
+    assert [s["step"] for s in found] == [7]
+    assert not math.isfinite(found[0]["value"]) and found[0]["reference"] == 2.0
+
+
 def test_spike_detector_z_score_mode() -> None:
     detector = SpikeDetector(window=10, warmup=10, ratio=None, z_score=6.0)
     for step in range(10):
