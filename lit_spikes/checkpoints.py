@@ -260,6 +260,13 @@ def _several_ranks() -> bool:
     )
 
 
+def _caught_by_lightning(error: BaseException) -> bool:
+    """Whether the frame handling ``error`` is Lightning's (the first of its traceback)."""
+    traceback = error.__traceback__
+    module = traceback.tb_frame.f_globals.get("__name__", "") if traceback else ""
+    return str(module).startswith(("lightning.", "pytorch_lightning."))
+
+
 class AtomicCheckpointIO(CheckpointIO):
     """Lightning ``CheckpointIO`` whose saves are atomic and durable (``atomic_write``)
     and whose loads use ``load_checkpoint``: ``weights_only=True`` always, and errors that
@@ -312,12 +319,14 @@ class AtomicCheckpointIO(CheckpointIO):
     @override
     def teardown(self) -> None:
         # Lightning tears down inside its ``except`` when fit fails: raising here would
-        # replace the run's own error (the one a caller catches) with this one.
+        # replace the run's own error (the one a caller catches) with this one. Only an
+        # error caught in Lightning's code counts: a fit called in a caller's own
+        # ``except`` (a retry) that ends well still raises.
         failing = sys.exc_info()[1]
         try:
             wait_for_writes()
         except CheckpointWriteError as error:
-            if failing is None:
+            if failing is None or not _caught_by_lightning(failing):
                 raise
             warnings.warn(
                 f"{error} (a warning, not raised: the run is already failing with "

@@ -200,10 +200,15 @@ def test_a_failing_run_raises_its_own_error_and_warns_of_a_failed_background_wri
         fit(tmp_path, "failing", K, checkpoint_every=EVERY, callbacks=[Boom()])
     monkeypatch.undo()
     wait_for_writes()  # reported once, as the warning
-    # A run that does not fail still raises it.
+    # A run that does not fail still raises it, even one started in a caller's except.
     monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(CheckpointWriteError, match=f"step={EVERY}.ckpt.*No space left"):
         fit(tmp_path, "ending", EVERY, checkpoint_every=EVERY)
+    with pytest.raises(CheckpointWriteError, match=f"step={EVERY}.ckpt.*No space left"):
+        try:
+            raise KeyError("an error the caller handles by training again")
+        except KeyError:
+            fit(tmp_path, "retry", EVERY, checkpoint_every=EVERY)
 
 
 def test_a_rank_of_several_saves_synchronously_whatever_the_plugin_says(
