@@ -352,10 +352,15 @@ class AtomicCheckpointIO(CheckpointIO):
 
 
 def newest_valid_checkpoint(
-    directory: str | Path, max_step: int | None = None
+    directory: str | Path, max_step: int | None = None, *, refuse_nonfinite: bool = True
 ) -> tuple[int, Path, list[str]]:
     """The newest ``step=<k>.ckpt`` in ``directory`` (with ``k <= max_step``) that loads and
     holds the step its name says, after refusing broken ones with a warning each.
+
+    ``refuse_nonfinite`` also refuses files written after a step whose update was skipped
+    for a non-finite loss or gradient: a rollback target must come before the trouble. A
+    resume that continues an interrupted run passes False: the newest file is where the
+    uninterrupted run would have gone on from.
 
     Returns:
         ``(step, path, refused)``: ``refused`` says why each newer file was passed over.
@@ -375,7 +380,7 @@ def newest_valid_checkpoint(
                     path, f"its name says step {step} but it holds step {checkpoint['global_step']}"
                 )
             nonfinite = checkpoint.get("lit_spikes", {}).get("nonfinite_steps", [])
-            if nonfinite:
+            if nonfinite and refuse_nonfinite:
                 raise CheckpointError(
                     path, f"written after a non-finite loss or gradient at step(s) {nonfinite}"
                 )

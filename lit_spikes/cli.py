@@ -117,7 +117,7 @@ class LitSpikesCLI(LightningCLI):
         if path == "latest":
             directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
             try:
-                _, found, _ = newest_valid_checkpoint(directory)
+                _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
             except FileNotFoundError as error:
                 self.parser.error(f"--ckpt_path latest: {error}")
             config["ckpt_path"] = path = str(found)

@@ -1164,7 +1164,7 @@ class RecoveryLoop:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     step, path, _ = newest_valid_checkpoint(
-                        run_dir / CHECKPOINT_DIRNAME, config.steps - 1
+                        run_dir / CHECKPOINT_DIRNAME, config.steps - 1, refuse_nonfinite=False
                     )
             except FileNotFoundError:
                 step, path = -1, None

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from lit_spikes.checkpoints import (
     atomic_torch_save,
     checkpoint_files,
     load_checkpoint,
+    newest_valid_checkpoint,
     remove_leftovers,
     wait_for_writes,
 )
@@ -313,6 +315,29 @@ def test_latest_resume_skips_invalid_files_and_says_so(
     with pytest.raises(SystemExit):
         cli_main([*args, "--ckpt_path", str(tmp_path / "nowhere.ckpt")])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_latest_resume_takes_the_newest_file_after_a_skipped_non_finite_step(
+    tmp_path: Path,
+) -> None:
+    """A skipped NaN step bars later files as rollback targets, not as the place an
+    interrupted run goes on from: that would throw away every step since."""
+    root = tmp_path / "cli"
+    args = ["fit", *TINY_CLI, "--trainer.default_root_dir", str(root), "--checkpoint_every", "5"]
+    cli_main([*args, "--trainer.max_steps", "15"])
+    for step in (10, 15):  # as if step 7's update had been skipped for a NaN loss
+        path = root / "checkpoints" / f"step={step}.ckpt"
+        checkpoint = load_checkpoint(path)
+        checkpoint["lit_spikes"]["nonfinite_steps"] = [7]
+        atomic_torch_save(checkpoint, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no file refused
+        assert newest_valid_checkpoint(root / "checkpoints", refuse_nonfinite=False)[0] == 15
+    cli = cli_main([*args, "--ckpt_path", "latest"])
+    assert Path(cli.trainer.ckpt_path).name == "step=15.ckpt"
+    assert cli.trainer.global_step == 20
+    with pytest.warns(UserWarning, match=r"written after a non-finite loss .* \[7\]"):
+        assert newest_valid_checkpoint(root / "checkpoints")[0] == 5  # a rollback target
 
 
 # ------------------------------------------------------------------ 3. mismatches
