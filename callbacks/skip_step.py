@@ -48,7 +48,8 @@ class SkipStep(Callback):
         metric: ``"loss"`` (the module's recorded training loss) or ``"grad_norm"``.
         window: steps in the rolling window.
         sigma: skip a step whose value exceeds the window's mean + ``sigma`` x std.
-        warmup: values in the window before any step can be skipped (None: ``window // 2``).
+        warmup: values in the window before any step can be skipped (None: ``window // 2``,
+            at least 2).
         start_step: first global step that may be skipped (values are collected before).
         initial: values to start the window with, e.g. the losses of the run this one
             branches from; a checkpoint's state replaces them.
@@ -81,7 +82,7 @@ class SkipStep(Callback):
             raise ValueError(f"window={window!r} must be an integer >= 2")
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise ValueError(f"sigma={sigma!r} must be a finite number > 0")
-        warmup = window // 2 if warmup is None else warmup
+        warmup = max(2, window // 2) if warmup is None else warmup  # std needs 2 values
         if isinstance(warmup, bool) or not isinstance(warmup, int) or not 2 <= warmup <= window:
             raise ValueError(f"warmup={warmup!r} must be an integer in [2, window={window}]")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:

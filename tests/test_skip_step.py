@@ -50,6 +50,11 @@ def test_skip_step_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -
         SkipStep(**kwargs)
 
 
+@pytest.mark.parametrize(("window", "warmup"), [(2, 2), (3, 2), (4, 2), (5, 2), (128, 64)])
+def test_default_warmup_is_half_the_window_and_at_least_two(window: int, warmup: int) -> None:
+    assert SkipStep(window=window).warmup == warmup  # every window the docstring allows
+
+
 def test_decisions_follow_mean_plus_k_sigma_of_the_window() -> None:
     skip = SkipStep(window=8, sigma=3.0, warmup=4, initial=[2.0, 2.1, 1.9])
     assert skip.threshold() is None  # 3 values < warmup 4
