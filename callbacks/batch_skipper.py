@@ -27,7 +27,8 @@ class BatchSkipper(Callback):
         ranges: half-open ``(start, end)`` ranges of data positions to skip.
 
     Raises:
-        ValueError: a negative position, or a range whose end is not after its start.
+        ValueError: a negative position, a range whose end is not after its start, or
+            nothing to skip at all.
         TypeError: in ``setup``, if the Trainer has no StepDataModule.
 
     Example:

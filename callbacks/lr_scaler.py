@@ -15,7 +15,8 @@ class LRScaler(Callback):
     Applied in ``on_train_batch_start``, after the Trainer stepped the scheduler: the
     schedule itself is untouched (its state stays the uninterrupted one), only the LR of
     each step from ``start_step`` on is scaled, and ``lr`` is logged as applied. Its
-    arguments are its state, so a resumed run keeps scaling.
+    arguments are its state: a resumed run keeps scaling only if it is given the same
+    ``LRScaler`` again, and one configured otherwise is refused.
 
     Args:
         factor: multiplier of the scheduled LR (OPT lowered it, e.g. 0.5).
@@ -23,7 +24,8 @@ class LRScaler(Callback):
         end_step: first global step no longer scaled (None: to the end).
 
     Raises:
-        ValueError: a non-positive factor, a negative start, or an end not after the start.
+        ValueError: a non-positive factor, a negative start, or an end not after the start;
+            on resume, a checkpoint written with another factor, start or end.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[LRScaler(factor=0.5, start_step=100)])

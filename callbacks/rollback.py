@@ -17,8 +17,9 @@ class RollbackRestore(Callback):
     and resumes training from it, with whatever remedy callbacks the caller adds.
 
     Files are tried newest first; one that does not load (empty, truncated, not a
-    checkpoint, weights only) or that was written after a non-finite loss is refused with
-    a warning that names it and why, and the previous one is tried. Attached to the
+    checkpoint, weights only), holds another step than its name says, or was written
+    after a step skipped for a non-finite loss or gradient is refused with a warning that
+    names it and why, and the previous one is tried. Attached to the
     Trainer, it checks at the start of training that the run
     really started from the chosen file, and records the rollback in its state
     (``spike_step``, ``distance``, ``ckpt_step``) so it is in every later checkpoint.
@@ -30,9 +31,11 @@ class RollbackRestore(Callback):
             (PaLM rolled back about 100 steps).
 
     Raises:
-        ValueError: a negative ``spike_step`` or ``distance``.
-        FileNotFoundError: ``dirpath`` does not exist, or holds no valid checkpoint at or
-            before step ``spike_step - distance``.
+        ValueError: a negative ``spike_step`` or ``distance``, or ``distance`` beyond
+            ``spike_step``; in ``on_train_start``, a Trainer that resumed from another file.
+        FileNotFoundError: on first use of ``ckpt_path``/``ckpt_step`` (or ``fit``),
+            ``dirpath`` does not exist or holds no valid checkpoint at or before step
+            ``spike_step - distance``.
 
     Example:
         >>> rollback = RollbackRestore("runs/x/checkpoints", spike_step=122, distance=20)

@@ -29,11 +29,11 @@ measured after DDP averaged the gradients, so it is the same on every rank alrea
 
 
 class SpikeDetector(Callback):
-    r"""Flags a step whose value jumps above a rolling reference; a non-finite loss is always
-    a spike.
+    r"""Flags a step whose value jumps above a rolling reference; a NaN or inf of a watched
+    value is always a spike.
 
     After ``warmup`` steps of history, a step is a spike when its value exceeds
-    ``ratio`` x the mean of the last ``window`` non-spike values, and/or (``mode``) the mean
+    ``ratio`` x the mean of the last ``window`` finite values, and/or (``mode``) the mean
     plus ``z_score`` standard deviations. Every finite value enters the reference, spikes
     too: a jump is flagged while it is new, and a loss that settles on a higher level stops
     being flagged once the window has caught up with it. Each spike is recorded (global

@@ -45,7 +45,8 @@ class CheckpointWriteError(OSError):
     def __init__(self, path: Path, error: BaseException) -> None:
         super().__init__(
             f"writing checkpoint {path} failed ({type(error).__name__}: {error}): "
-            "the file is not the new checkpoint, earlier checkpoints are intact"
+            "the file there is the previous one (or, if only the directory's fsync failed, "
+            "the new one, maybe not yet durable); earlier checkpoints are intact"
         )
         self.path, self.error = path, error
 
@@ -60,6 +61,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     Raises:
         CheckpointError: missing, empty, truncated, not a torch file, holding code
             (pickled objects are never unpickled), or a weights-only checkpoint.
+        CheckpointWriteError: a background write of this process failed (any file: the
+            readers wait for every pending write first).
     """
     path = Path(path)
     wait_for_writes()  # a file this process is still writing in the background
@@ -98,7 +101,7 @@ def checkpoint_step(path: str | Path) -> int:
     asks for it as it submits each branch of a file, from the training run writing them).
 
     Raises:
-        CheckpointError: as ``load_checkpoint``.
+        CheckpointError, CheckpointWriteError: as ``load_checkpoint``.
     """
     wait_for_writes()
     try:
@@ -367,6 +370,7 @@ def newest_valid_checkpoint(
 
     Raises:
         FileNotFoundError: no such directory, or no valid checkpoint in it.
+        CheckpointWriteError: as ``load_checkpoint``.
     """
     refused: list[str] = []
     candidates = [
