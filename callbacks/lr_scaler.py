@@ -44,7 +44,9 @@ class LRScaler(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(factor=self.factor, start_step=self.start_step)
+        return self._generate_state_key(
+            factor=self.factor, start_step=self.start_step, end_step=self.end_step
+        )
 
     def active(self, step: int) -> bool:
         return step >= self.start_step and (self.end_step is None or step < self.end_step)

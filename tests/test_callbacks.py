@@ -229,6 +229,29 @@ def test_lr_scaler_run_resumes_bit_exactly(tmp_path: Path) -> None:
     )
 
 
+def test_two_lr_scalers_differing_only_in_their_end_each_keep_their_own_state(
+    tmp_path: Path,
+) -> None:
+    def scalers() -> list[LRScaler]:
+        return [LRScaler(0.5, start_step=3, end_step=6), LRScaler(0.5, start_step=3, end_step=9)]
+
+    reference = fit(tmp_path, "ref", N, checkpoint_every=EVERY, callbacks=scalers())
+    saved = load_ckpt(checkpoint_path(reference.spec.run_dir, K))["callbacks"]
+    assert sorted(v["end_step"] for k, v in saved.items() if k.startswith("LRScaler")) == [6, 9]
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+        callbacks=scalers(),
+    )
+    assert_states_equal(
+        load_ckpt(checkpoint_path(reference.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(resumed.spec.run_dir, N)),
+    )
+
+
 def test_gradient_clipping_logs_the_norm_before_clipping(tmp_path: Path) -> None:
     clipped = fit(tmp_path, "clipped", 5, gradient_clip_val=1e-3)
     free = fit(tmp_path, "free", 5)
