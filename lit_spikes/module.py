@@ -82,6 +82,13 @@ class OptimConfig:
         return optimizer, LambdaLR(optimizer, self.schedule())
 
 
+def optimized_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters ``optimizer`` updates, in its order: those Lightning's gradient
+    clipping measures, listed in a few microseconds where ``Module.parameters()`` walks
+    every submodule (0.08 ms a step for the default model)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def grad_norm(parameters: Any) -> torch.Tensor:
     """Total L2 norm of the gradients, bit-equal to what ``clip_grad_norm_`` measures (the
     norm of the per-tensor norms), changing nothing. ``get_total_norm`` takes one Python
@@ -343,7 +350,7 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norm = grad_norm(self.parameters()).item()  # before the Trainer clips
+        norm = grad_norm(optimized_parameters(optimizer)).item()  # before the Trainer clips
         if self.history and self.history[-1]["step"] == self.global_step:
             self.history[-1]["grad_norm"] = norm
         if self.global_step in self.nonfinite_steps:

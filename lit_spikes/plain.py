@@ -20,6 +20,7 @@ from lit_spikes.module import (
     DEFAULT_MODEL_SEED,
     OptimConfig,
     grad_norm,
+    optimized_parameters,
     seed_rngs,
     set_flush_denormal,
 )
@@ -78,7 +79,7 @@ def train_plain(
         assert out.loss is not None
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        norm = grad_norm(model.parameters())
+        norm = grad_norm(optimized_parameters(optimizer))
         if record:
             result.history.append(
                 {
