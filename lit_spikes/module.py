@@ -427,6 +427,9 @@ class TinyGPTModule(pl.LightningModule):
             )
         saved = entry["fingerprint"]
         check_model_config(saved["model"], asdict(self.model_config))
+        saved_optim = checkpoint.get("hyper_parameters", {}).get("optim")
+        if saved_optim is not None:
+            check_optim_config(dict(saved_optim), asdict(self.optim_config))
         current = self.state_dict()
         # Buffers derived from the config (the causal mask) that older files still hold:
         # the model drops them as it loads (its load_state_dict pre-hook).
@@ -515,18 +518,38 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
-def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raises ``ValueError`` listing every model-config field that differs."""
-    differ = [
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"<field>: checkpoint <a>, now <b>"`` for every field of two config dicts that differs."""
+    return [
         f"{key}: checkpoint {saved.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(saved) | set(current))
         if saved.get(key) != current.get(key)
     ]
+
+
+def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raises ``ValueError`` listing every model-config field that differs."""
+    differ = config_differences(saved, current)
     if differ:
         raise ValueError(
             "the checkpoint's model config differs from this model's ("
             + "; ".join(differ)
             + "): build the module with the checkpoint's config to resume it"
+        )
+
+
+def check_optim_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raises ``ValueError`` listing every optimizer-config field that differs: a resume
+    restores AdamW's hyperparameters and the schedule's own from the checkpoint, so a
+    different config would be silently overridden."""
+    differ = config_differences(saved, current)
+    if differ:
+        raise ValueError(
+            "the checkpoint's optimizer config differs from this module's ("
+            + "; ".join(differ)
+            + "): a resume restores AdamW and the LR schedule from the checkpoint, so these "
+            "would be silently ignored. Resume with the checkpoint's config; to change the "
+            "LR from the resume point on, add an LRScaler callback"
         )
 
 

@@ -209,6 +209,25 @@ def test_different_model_config_is_refused_before_any_step(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lr_scale": 0.5}, r"lr_scale: checkpoint 1.0, now 0.5"),
+        ({"peak_lr": 0.05, "max_steps": 40}, r"max_steps: checkpoint 20, now 40; peak_lr"),
+    ],
+)
+def test_different_optimizer_config_is_refused_before_any_step(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    """A resume restores AdamW's and the schedule's settings from the file: another
+    config would be silently overridden, and the run would not be the one asked for."""
+    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+    ckpt = checkpoint_path(reference.spec.run_dir, K)
+    with pytest.raises(ValueError, match=message + r".*LRScaler"):
+        fit(tmp_path, "other", N, ckpt_path=ckpt, optim=replace(TINY_OPTIM, **change))
+    assert not (tmp_path / "other" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
     ("key", "saved"), [("num_threads", 7), ("flush_denormal", False), ("cpu", "VSX")]
 )
 def test_fingerprint_difference_warns(tmp_path: Path, key: str, saved: object) -> None:
