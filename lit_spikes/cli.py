@@ -57,6 +57,11 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
+RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
+"""Model settings a resume may take from the command line rather than the checkpoint
+(the module warns that the run is then not guaranteed bit-exact)."""
+
+
 class LitSpikesCLI(LightningCLI):
     """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
 
@@ -126,7 +131,35 @@ class LitSpikesCLI(LightningCLI):
                 self._resume_step = checkpoint_step(path)
             except CheckpointError as error:
                 self.parser.error(f"--ckpt_path: {error}")
-        super()._parse_ckpt_path()
+        requested = dict(config["model"].items()) if config is not None else {}
+        super()._parse_ckpt_path()  # the model's settings become the checkpoint's
+        if path:
+            self._keep_requested_model_settings(requested)
+
+    def _keep_requested_model_settings(self, requested: dict[str, Any]) -> None:
+        """LightningCLI gives the model the checkpoint's settings whatever the command
+        line said. A setting asked for (not the default) that differs is an error, except
+        those a resume may change (``RESUMABLE_CHANGES``), which are kept as asked and
+        warned about by the module."""
+        subcommand = self.config["subcommand"]
+        model = self.config[subcommand]["model"]
+        defaults = dict(self._parser(subcommand).get_defaults()["model"].items())
+        conflicts = []
+        for key, wanted in requested.items():
+            saved = model.get(key)
+            if wanted == saved or wanted == defaults.get(key):
+                continue
+            if key in RESUMABLE_CHANGES:
+                model[key] = wanted
+            else:
+                conflicts.append(f"--model.{key}={wanted!r} (the checkpoint's: {saved!r})")
+        if conflicts:
+            self.parser.error(
+                "--ckpt_path resumes the checkpoint's run with its own model settings, but "
+                + "; ".join(conflicts)
+                + " asks for others. Drop them to resume; start a new run to change them; "
+                "to change the LR from the resume point on, add an LRScaler callback"
+            )
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

@@ -122,3 +122,33 @@ def test_background_writes_only_for_one_device_on_one_node(
     from lit_spikes.training import checkpoint_io_for
 
     assert checkpoint_io_for(trainer_kwargs).background_writes is background
+
+
+def test_a_resume_refuses_model_flags_that_differ_from_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """LightningCLI hands the model the checkpoint's settings whatever the command line
+    says: a flag asking for others must not be dropped without a word."""
+    args = ["fit", *TINY_CLI, "--checkpoint_every", "5", "--trainer.enable_model_summary", "false"]
+    main([*args, "--trainer.default_root_dir", str(tmp_path / "ref"), "--trainer.max_steps", "10"])
+    resume = [*args, "--trainer.max_steps", "12", "--ckpt_path"]
+    resume += [str(tmp_path / "ref" / "checkpoints" / "step=10.ckpt")]
+    for flag, value, saved in [("optim.lr_scale", "0.5", "1.0"), ("gpt.dropout", "0.1", "0.0")]:
+        with pytest.raises(SystemExit):
+            main(
+                [
+                    *resume,
+                    "--trainer.default_root_dir",
+                    str(tmp_path / "x"),
+                    f"--model.{flag}",
+                    value,
+                ]
+            )
+        assert f"--model.{flag}={value} (the checkpoint's: {saved})" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "checkpoints").exists()
+    # A thread count is the process's to choose: kept as asked, with the module's warning.
+    with pytest.warns(UserWarning, match="num_threads: checkpoint 1, now 2"):
+        cli = main(
+            [*resume, "--trainer.default_root_dir", str(tmp_path / "y"), "--model.num_threads", "2"]
+        )
+    assert cli is not None and cli.model.num_threads == 2 and cli.trainer.global_step == 12
