@@ -79,8 +79,8 @@ class PreemptionCheckpoint(Callback):
         # A warning, not info: scripts that quiet Lightning's info logs still show it.
         rank_zero_warn_log(
             f"Received {name}: stopped after step "
-            f"{trainer.global_step}, checkpoint written to {path}. Resume with "
-            f"--ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
+            f"{trainer.global_step}, checkpoint written to {path}. Resume: the same "
+            f"command with --ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
         )
 
     def _restore(self) -> None:

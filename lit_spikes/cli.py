@@ -27,10 +27,11 @@ from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
     CheckpointError,
     checkpoint_step,
+    load_checkpoint,
     newest_valid_checkpoint,
     remove_leftovers,
 )
-from lit_spikes.data import StepDataModule
+from lit_spikes.data import StepDataModule, flat_config, plain_config
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
@@ -135,6 +136,24 @@ class LitSpikesCLI(LightningCLI):
         super()._parse_ckpt_path()  # the model's settings become the checkpoint's
         if path:
             self._keep_requested_model_settings(requested)
+            self._resume_data_settings(path)
+
+    def _resume_data_settings(self, path: str) -> None:
+        """The data config the checkpoint was trained with, for every setting the command
+        line leaves at its default: ``--ckpt_path`` alone resumes the same batches, as it
+        resumes the same model. A setting asked for is kept (the data module warns)."""
+        saved = load_checkpoint(path).get(StepDataModule.__qualname__, {}).get("config")
+        if saved is None:  # a file from before the data config was stored
+            return
+        subcommand = self.config["subcommand"]
+        data = self.config[subcommand]["data"]["config"]
+        defaults = self._parser(subcommand).get_defaults()["data"]["config"]
+        for key, value in flat_config(saved).items():
+            if key not in data:
+                continue
+            current = plain_config(data[key])
+            if current == plain_config(defaults[key]) and current != value:
+                data[key] = value
 
     def _keep_requested_model_settings(self, requested: dict[str, Any]) -> None:
         """LightningCLI gives the model the checkpoint's settings whatever the command

@@ -13,7 +13,7 @@ import bisect
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -125,6 +125,44 @@ class DataConfig:
             )
         object.__setattr__(self, "skip", normalize_skip(self.skip))
         object.__setattr__(self, "poison", normalize_skip(self.poison))
+
+
+RESUME_DATA_CHANGES = ("seed", "skip", "val_batch_size")
+"""Data settings a resume may change without a warning about the config: the seed warns
+on its own, skips join the checkpoint's, validation batches do not touch training."""
+
+
+def plain_config(value: Any) -> Any:
+    """Tuples as lists, recursively: a config as the checkpoint stores it."""
+    if isinstance(value, dict):
+        return {key: plain_config(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [plain_config(item) for item in value]
+    return value
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat |= flat_config(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def data_config_differences(saved: dict[str, Any] | None, current: DataConfig) -> list[str]:
+    """``"<field>: checkpoint <a>, now <b>"`` for each field of a checkpoint's data config
+    (``None``: a file from before it was stored) that differs from ``current``, nested
+    fields dotted (``world.num_chars``), ``RESUME_DATA_CHANGES`` left out."""
+    if saved is None:
+        return []
+    saved_flat, now = flat_config(plain_config(saved)), flat_config(plain_config(asdict(current)))
+    return [
+        f"{key}: checkpoint {saved_flat.get(key)!r}, now {now.get(key)!r}"
+        for key in sorted(set(saved_flat) | set(now))
+        if key.split(".")[0] not in RESUME_DATA_CHANGES and saved_flat.get(key) != now.get(key)
+    ]
 
 
 def check_shard(batch_size: int, rank: int, world_size: int) -> None:
@@ -336,7 +374,10 @@ class StepDataModule(pl.LightningDataModule):
     @override
     def state_dict(self) -> dict[str, Any]:
         step = self.trainer.global_step if self.trainer is not None else 0
-        return {"seed": self.config.seed, "skip": list(self.skip), "step": step}
+        # The whole config too (plain values): a resume can check it, and the CLI can
+        # resume with it.
+        config = plain_config(asdict(self.config))
+        return {"seed": self.config.seed, "skip": list(self.skip), "step": step, "config": config}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -345,6 +386,13 @@ class StepDataModule(pl.LightningDataModule):
             warnings.warn(
                 f"the checkpoint was trained with data seed {saved_seed}, this run uses "
                 f"{self.config.seed}: from here on it sees other data than the original run",
+                stacklevel=2,
+            )
+        differ = data_config_differences(state_dict.get("config"), self.config)
+        if differ:
+            warnings.warn(
+                f"the checkpoint was trained with another data config ({'; '.join(differ)}): "
+                "from here on the batches are not those of the original run",
                 stacklevel=2,
             )
         saved = normalize_skip(state_dict["skip"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,33 @@ def test_a_resume_refuses_model_flags_that_differ_from_the_checkpoint(
             [*resume, "--trainer.default_root_dir", str(tmp_path / "y"), "--model.num_threads", "2"]
         )
     assert cli is not None and cli.model.num_threads == 2 and cli.trainer.global_step == 12
+
+
+def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
+    tmp_path: Path,
+) -> None:
+    """What a preempted run prints, ``--ckpt_path <file>``, is enough: the model and the
+    data config come from the checkpoint (LightningCLI restores only the model's)."""
+    from tests.conftest import assert_states_equal, load_ckpt
+
+    every = ["--checkpoint_every", "2", "--trainer.enable_model_summary", "false"]
+    every += ["--trainer.max_steps", "12"]
+    data = ["--data.config.seed", "5", "--data.config.world.num_chars", "30000"]
+    ref = tmp_path / "ref"
+    main(["fit", *TINY_CLI, *every, *data, "--trainer.default_root_dir", str(ref)])
+    ckpt = ["--ckpt_path", str(ref / "checkpoints" / "step=10.ckpt")]
+    resumed = tmp_path / "resumed"
+    flags = [*every, "--trainer.limit_val_batches", "0"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(data seed|data config|different setup).*")
+        cli = main(["fit", *flags, "--trainer.default_root_dir", str(resumed), *ckpt])
+    assert cli is not None and cli.datamodule.config.seed == 5
+    assert cli.datamodule.config.world.num_chars == 30000 and cli.model.model_config.d_model == 16
+    assert_states_equal(
+        load_ckpt(ref / "checkpoints" / "step=12.ckpt"),
+        load_ckpt(resumed / "checkpoints" / "step=12.ckpt"),
+    )
+    # A data setting asked for is kept, and the run says it is another one.
+    with pytest.warns(UserWarning, match=r"another data config \(batch_size: checkpoint 4, now 2"):
+        other = ["--trainer.default_root_dir", str(tmp_path / "other"), "--data.config.batch_size"]
+        main(["fit", *flags, *other, "2", *ckpt])
