@@ -117,7 +117,9 @@ def _file_step(path: str, mtime_ns: int) -> int:
 
 
 def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``*step=<k>*.ckpt`` file in ``directory``, oldest first."""
+    """``(step, path)`` of every ``*step=<k>*.ckpt`` file in ``directory``, oldest first:
+    by step, and files of one step (``step=20.ckpt`` and the ``step=20-v1.ckpt`` of a run
+    resumed into the same directory) in the order they were written."""
     wait_for_writes()  # every file this process saved is listed
     directory = Path(directory)
     if not directory.is_dir():
@@ -126,8 +128,15 @@ def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
     for path in directory.glob("*.ckpt"):
         match = STEP_PATTERN.search(path.name)
         if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+            found.append((int(match.group(1)), _written_at(path), path.name, path))
+    return [(step, path) for step, _, _, path in sorted(found)]
+
+
+def _written_at(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # removed meanwhile: its readers will say so
+        return 0
 
 
 TEMP_MARKER = ".tmp-"

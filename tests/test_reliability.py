@@ -317,6 +317,20 @@ def test_latest_resume_skips_invalid_files_and_says_so(
     assert "no such file" in capsys.readouterr().err
 
 
+def test_of_two_files_of_one_step_the_newest_written_is_the_newest(tmp_path: Path) -> None:
+    """A run resumed into its own directory writes ``step=10-v1.ckpt`` beside the old
+    lineage's ``step=10.ckpt``: ``latest`` and rollbacks take the one written last."""
+    run = fit(tmp_path, "run", K, checkpoint_every=EVERY)
+    directory = run.spec.run_dir / "checkpoints"
+    old, new = directory / f"step={K}.ckpt", directory / f"step={K}-v1.ckpt"
+    new.write_bytes(old.read_bytes())
+    for first, second in ((old, new), (new, old)):
+        os.utime(first, ns=(1_000_000_000, 1_000_000_000))
+        os.utime(second, ns=(2_000_000_000, 2_000_000_000))
+        assert checkpoint_files(directory)[-1] == (K, second)
+        assert newest_valid_checkpoint(directory)[1] == second
+
+
 def test_latest_resume_takes_the_newest_file_after_a_skipped_non_finite_step(
     tmp_path: Path,
 ) -> None:
