@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from lit_spikes.checkpoints import (
     remove_leftovers,
 )
 from lit_spikes.data import StepDataModule, flat_config, plain_config
-from lit_spikes.module import TinyGPTModule
+from lit_spikes.module import TinyGPTModule, check_training_setup
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import (
@@ -104,6 +105,14 @@ class LitSpikesCLI(LightningCLI):
                 f"--trainer.default_root_dir={root} cannot be created ({error.strerror}): "
                 "choose a writable directory"
             )
+        try:  # one that exists may still refuse files (read-only, someone else's)
+            with tempfile.TemporaryFile(dir=root):
+                pass
+        except OSError as error:
+            self.parser.error(
+                f"--trainer.default_root_dir={root} is not writable ({error.strerror}): "
+                "choose a writable directory"
+            )
 
     @override
     def instantiate_classes(self) -> None:
@@ -111,6 +120,10 @@ class LitSpikesCLI(LightningCLI):
         # check) is bad input too: report it as such, before anything runs or is written.
         try:
             super().instantiate_classes()
+            # What would fail at the first step, after files were written: now, instead.
+            check_training_setup(
+                self.model.model_config, self.datamodule, self.trainer.accumulate_grad_batches
+            )
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
 

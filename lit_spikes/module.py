@@ -20,7 +20,7 @@ import torchmetrics
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
-from lit_spikes.data import Batch
+from lit_spikes.data import Batch, StepDataModule
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
 from lit_spikes.tb import TensorBoardStepLogger
@@ -255,9 +255,16 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        datamodule = getattr(trainer, "datamodule", None)
+        check_training_setup(
+            self.model_config,
+            datamodule if isinstance(datamodule, StepDataModule) else None,
+            trainer.accumulate_grad_batches,
+        )
         torch.set_num_threads(self.num_threads)
         set_flush_denormal(self.flush_denormal)
-        if self.trainer.world_size > 1:
+        if trainer.world_size > 1:
             destroy_process_group_at_exit()
 
     @override
@@ -525,6 +532,35 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         for key in sorted(set(saved) | set(current))
         if saved.get(key) != current.get(key)
     ]
+
+
+def check_training_setup(
+    gpt: GPTConfig, datamodule: StepDataModule | None, accumulate_grad_batches: int = 1
+) -> None:
+    """Raises ``ValueError`` naming every part of a model, data and Trainer setup that
+    would fail at the first step: rows longer than the model's context, characters beyond
+    its vocabulary, gradient accumulation (the batch of global step k is one whole batch)."""
+    problems = []
+    if datamodule is not None:
+        rows, vocab = datamodule.config.block_size, datamodule.tokenizer.vocab_size
+        if rows > gpt.block_size:
+            problems.append(
+                f"DataConfig.block_size={rows} exceeds GPTConfig.block_size={gpt.block_size}: "
+                "rows must fit the model's context (make them equal)"
+            )
+        if gpt.vocab_size < vocab:
+            problems.append(
+                f"GPTConfig.vocab_size={gpt.vocab_size} is smaller than the {vocab} characters "
+                f"of the data's alphabet: use vocab_size={vocab}"
+            )
+    if accumulate_grad_batches != 1:
+        problems.append(
+            f"Trainer(accumulate_grad_batches={accumulate_grad_batches}): the batch of global "
+            "step k is one whole batch here; set DataConfig.batch_size to the rows a step "
+            "should see instead"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:

@@ -563,6 +563,10 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         ),
         (["--trainer.callbacks+=callbacks.NoSuchRemedy"], "NoSuchRemedy"),
         (["--trainer.default_root_dir", "/proc/lit-spikes/run"], "cannot be created"),
+        (["--trainer.default_root_dir", "/proc/self"], "/proc/self is not writable"),
+        (["--model.gpt.block_size", "8"], "DataConfig.block_size=16 exceeds GPTConfig.block_"),
+        (["--model.gpt.vocab_size", "10"], "vocab_size=10 is smaller than the 41 characters"),
+        (["--trainer.accumulate_grad_batches", "2"], "Trainer(accumulate_grad_batches=2)"),
     ],
 )
 def test_bad_cli_input_fails_before_training_and_writes_nothing(
@@ -574,6 +578,14 @@ def test_bad_cli_input_fails_before_training_and_writes_nothing(
     assert exit_info.value.code != 0
     assert message in capsys.readouterr().err
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_a_setup_that_would_fail_at_its_first_step_is_refused_in_setup(tmp_path: Path) -> None:
+    """From Python too: named, before any step, not an IndexError inside the embedding."""
+    with pytest.raises(ValueError, match=r"block_size=16 exceeds .*block_size=8.*vocab_size=10"):
+        fit(tmp_path, "both", 5, gpt=replace(TINY_GPT, block_size=8, vocab_size=10))
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=3"):
+        fit(tmp_path, "accumulate", 5, accumulate_grad_batches=3)
 
 
 def test_checkpoint_beyond_the_run_and_too_long_rollback_are_refused(
