@@ -66,22 +66,31 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     wait_for_writes()  # a file this process is still writing in the background
+    if path.is_dir():
+        raise CheckpointError(
+            path, "a directory, not a checkpoint file (give one of its step=<k>.ckpt files)"
+        )
     if not path.is_file():
         raise CheckpointError(path, "no such file")
     if path.stat().st_size == 0:
         raise CheckpointError(path, "the file is empty (0 bytes): a save was interrupted")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        first_line = str(error).strip().splitlines()[-1][:200]
-        raise CheckpointError(
-            path, f"refused to unpickle non-tensor objects ({first_line})"
-        ) from None
     except Exception as error:  # torch raises anything from EOFError to IndexError here
         with open(path, "rb") as handle:  # torch files are zip archives: PK\x03\x04
-            is_zip = handle.read(4) == b"PK\x03\x04"
-        reason = "truncated or corrupt" if is_zip else "not a torch checkpoint"
-        raise CheckpointError(path, f"{reason} ({type(error).__name__}: {error})") from None
+            start = handle.read(4)
+        if start != b"PK\x03\x04":
+            raise CheckpointError(
+                path, f"not a torch checkpoint (those are zip archives; this starts {start!r})"
+            ) from None
+        if isinstance(error, pickle.UnpicklingError):
+            first_line = str(error).strip().splitlines()[-1][:200]
+            raise CheckpointError(
+                path, f"refused to unpickle non-tensor objects ({first_line})"
+            ) from None
+        raise CheckpointError(
+            path, f"truncated or corrupt ({type(error).__name__}: {error})"
+        ) from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")
     missing = [key for key in REQUIRED_KEYS if key not in checkpoint]

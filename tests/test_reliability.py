@@ -282,6 +282,8 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (tmp_path / "empty.ckpt").write_bytes(b"")
     (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
     (tmp_path / "notes.ckpt").write_text("these are my notes, not a checkpoint\n")
+    (tmp_path / "config.ckpt").write_text("config: a text torch.load reads as a pickle\n")
+    (tmp_path / "run.ckpt").mkdir()
     weights = load_ckpt(good)
     torch.save({"state_dict": weights["state_dict"]}, tmp_path / "weights.ckpt")
     return {
@@ -289,6 +291,8 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "empty": (tmp_path / "empty.ckpt", "the file is empty"),
         "truncated": (tmp_path / "truncated.ckpt", "truncated or corrupt"),
         "not a checkpoint": (tmp_path / "notes.ckpt", "not a torch checkpoint"),
+        "text as pickle": (tmp_path / "config.ckpt", r"not a torch checkpoint \(those are zip"),
+        "a directory": (tmp_path / "run.ckpt", "a directory, not a checkpoint file"),
         "weights only": (tmp_path / "weights.ckpt", "holds weights only"),
     }
 
