@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from callbacks.preemption import PreemptionCheckpoint
@@ -66,6 +68,16 @@ RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 
 class LitSpikesCLI(LightningCLI):
     """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
+
+    @staticmethod
+    @override
+    def subcommands() -> dict[str, set[str]]:
+        # TinyGPTModule has no test or predict step: those would only fail inside Lightning.
+        return {
+            name: skip
+            for name, skip in LightningCLI.subcommands().items()
+            if name in ("fit", "validate")
+        }
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -133,6 +145,11 @@ class LitSpikesCLI(LightningCLI):
         # torch.load: resolve "latest", and turn a broken file into a clear error.
         config = self.config.get(self.config.get("subcommand") or "", None)
         path = config.get("ckpt_path") if config is not None else None
+        if path in ("last", "best", "hpc", "registry"):
+            self.parser.error(
+                f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
+                "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest"
+            )
         if path == "latest":
             directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
             try:
@@ -228,7 +245,7 @@ DESCRIPTION = """lit-spikes: train a tiny GPT that resumes bit-exactly and survi
 
 Commands:
   fit       train (LightningCLI: --model.*, --data.*, --trainer.*, --config, --ckpt_path,
-            --checkpoint_every); also validate, test, predict
+            --checkpoint_every); also validate (val/bpc of a checkpoint or a fresh model)
   recover   train with automatic spike recovery (lit-spikes recover --help)
   diagnose  replay a spike from a checkpoint: data-caused, state-caused or not
             reproducible (lit-spikes diagnose --help)"""
@@ -254,7 +271,13 @@ def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdic
     if argv and argv[0] in COMMANDS:
         result = importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
         return result if args is not None else None
-    cli = build_cli(args)
+    try:
+        cli = build_cli(args)
+    except SIGTERMException:
+        # Lightning ends a run that got SIGTERM with SystemExit(None), status 0 (with
+        # --checkpoint_every 0 there is no PreemptionCheckpoint to stop it first): a job
+        # scheduler must see that it did not finish.
+        raise SystemExit(128 + signal.SIGTERM) from None
     preempted = [
         cb
         for cb in getattr(cli.trainer, "callbacks", [])

@@ -76,6 +76,35 @@ def test_console_script_exits_zero(tmp_path: Path) -> None:
     assert "LitSpikesCLI object" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("every", ["0", "1000"])
+def test_console_script_stopped_by_sigterm_exits_128_plus_the_signal(
+    tmp_path: Path, every: str
+) -> None:
+    """With checkpoints the preemption callback stops the run; without them Lightning
+    does, with SystemExit(None): either way a scheduler must not see status 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    run = ["fit", *TINY_CLI, "--trainer.default_root_dir", str(tmp_path), "--checkpoint_every"]
+    run += [every, "--trainer.max_steps", "100000", "--model.optim.max_steps", "100000"]
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("events.out.tfevents.*")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the logger's file exists once training runs
+        time.sleep(1.0)
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + signal.SIGTERM, stderr.decode()[-2000:]
+
+
 def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -183,3 +212,16 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
     with pytest.warns(UserWarning, match=r"another data config \(batch_size: checkpoint 4, now 2"):
         other = ["--trainer.default_root_dir", str(tmp_path / "other"), "--data.config.batch_size"]
         main(["fit", *flags, *other, "2", *ckpt])
+
+
+def test_commands_the_module_cannot_run_and_lightnings_last_keyword_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for command in ("test", "predict"):  # TinyGPTModule has no test or predict step
+        with pytest.raises(SystemExit) as exit_info:
+            main([command])
+        assert exit_info.value.code == 2
+        assert f"invalid choice: '{command}'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", *TINY_CLI, "--ckpt_path", "last"])
+    assert "use --ckpt_path latest" in capsys.readouterr().err
