@@ -179,7 +179,12 @@ class RecoverConfig:
         if steps < 1:
             raise ValueError(f"RecoverConfig.max_steps={self.max_steps} must be >= 1")
         unknown = [r for r in self.ladder if r not in REMEDIES]
-        if not self.ladder or unknown or len(set(self.ladder)) != len(self.ladder):
+        if unknown:
+            raise ValueError(
+                f"RecoverConfig.ladder={self.ladder!r}: unknown remedy {unknown[0]!r}; "
+                f"choose from {REMEDIES}"
+            )
+        if not self.ladder or len(set(self.ladder)) != len(self.ladder):
             raise ValueError(
                 f"RecoverConfig.ladder={self.ladder!r}: name each of {REMEDIES} at most once"
             )

@@ -86,7 +86,10 @@ def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"ladder": ("skip_data", "pray")}, r"ladder=\('skip_data', 'pray'\)"),
+        (
+            {"ladder": ("skip_data", "pray")},
+            r"ladder=\('skip_data', 'pray'\): unknown remedy 'pray'",
+        ),
         ({"ladder": ("clip", "clip")}, r"ladder=\('clip', 'clip'\)"),
         ({"ladder": ()}, r"ladder=\(\)"),
         ({"lr_factor": 1.5}, r"lr_factor=1.5 must be in \(0, 1\)"),
