@@ -2,6 +2,7 @@
 skip an outlier step's update (OLMo-core), and roll back to a real checkpoint."""
 
 from callbacks.batch_skipper import BatchSkipper
+from callbacks.final_checkpoint import FinalCheckpoint
 from callbacks.lr_scaler import LRScaler
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.retention import CheckpointRetention
@@ -12,6 +13,7 @@ from callbacks.spike_detector import SpikeDetector
 __all__ = [
     "BatchSkipper",
     "CheckpointRetention",
+    "FinalCheckpoint",
     "LRScaler",
     "PreemptionCheckpoint",
     "RollbackRestore",

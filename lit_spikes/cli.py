@@ -26,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from callbacks.final_checkpoint import FinalCheckpoint
 from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
     CheckpointError,
@@ -224,6 +225,7 @@ class LitSpikesCLI(LightningCLI):
             remove_leftovers(dirpath)
             callbacks.append(PreemptionCheckpoint(dirpath))
             callbacks.append(step_checkpoint(dirpath, every))
+            callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
         else:
             trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
         if trainer_config.get("enable_progress_bar", True) is not False:

@@ -225,3 +225,26 @@ def test_commands_the_module_cannot_run_and_lightnings_last_keyword_are_refused(
     with pytest.raises(SystemExit):
         main(["fit", *TINY_CLI, "--ckpt_path", "last"])
     assert "use --ckpt_path latest" in capsys.readouterr().err
+
+
+def test_a_run_ending_off_its_checkpoint_interval_leaves_its_last_step(tmp_path: Path) -> None:
+    """max_steps 12 with a checkpoint every 5: step=12.ckpt too, and extending the run from
+    it with --ckpt_path latest equals the uninterrupted run."""
+    from tests.conftest import assert_states_equal, load_ckpt
+
+    args = ["fit", *TINY_CLI, "--checkpoint_every", "5", "--trainer.enable_model_summary", "false"]
+    short, full = tmp_path / "short", tmp_path / "full"
+    main([*args, "--trainer.default_root_dir", str(short), "--trainer.max_steps", "12"])
+    files = sorted(p.name for p in (short / "checkpoints").iterdir())
+    assert files == ["step=10.ckpt", "step=12.ckpt", "step=5.ckpt"]
+    cli = main([*args, "--trainer.default_root_dir", str(short), "--trainer.max_steps", "20",
+                "--ckpt_path", "latest"])  # fmt: skip
+    assert cli is not None and Path(cli.trainer.ckpt_path).name == "step=12.ckpt"
+    main([*args, "--trainer.default_root_dir", str(full), "--trainer.max_steps", "20"])
+    assert_states_equal(
+        load_ckpt(full / "checkpoints" / "step=20.ckpt"),
+        load_ckpt(short / "checkpoints" / "step=20.ckpt"),
+    )
+    # Shorter than the interval: still one file.
+    main([*args, "--trainer.default_root_dir", str(tmp_path / "tiny"), "--trainer.max_steps", "3"])
+    assert [p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir()] == ["step=3.ckpt"]

@@ -1,0 +1,52 @@
+"""Write a checkpoint where training ends, when the regular interval does not fall there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from callbacks._common import trainer_callbacks
+from callbacks.preemption import PreemptionCheckpoint
+
+
+class FinalCheckpoint(Callback):
+    """When training ends at a step the every-``every_n_steps`` checkpoints do not cover
+    (``max_steps=22`` with a checkpoint every 5), writes ``<dirpath>/step=<k>.ckpt`` of
+    that last step through the Trainer's CheckpointIO, so that extending the run later
+    (``--ckpt_path latest`` with a larger ``max_steps``) repeats nothing and a run shorter
+    than the interval still leaves a file. A step the interval or a preemption already
+    saved is not written again. The decision depends only on the step, so every rank of
+    a DDP run takes it alike (a save is a collective).
+
+    Args:
+        dirpath: directory of the run's ``step=<k>.ckpt`` files.
+        every_n_steps: the interval of the run's regular checkpoints.
+
+    Raises:
+        ValueError: ``every_n_steps`` below 1.
+
+    Example:
+        >>> trainer = pl.Trainer(callbacks=[step_checkpoint(d, 50), FinalCheckpoint(d, 50)])
+    """
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int) -> None:
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps} must be >= 1")
+        self.dirpath, self.every_n_steps = Path(dirpath), every_n_steps
+        self.saved_path: Path | None = None
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        preempted = any(
+            isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
+            for cb in trainer_callbacks(trainer)
+        )
+        if step == 0 or step % self.every_n_steps == 0 or preempted:
+            return
+        self.saved_path = self.dirpath / f"step={step}.ckpt"
+        trainer.save_checkpoint(self.saved_path, weights_only=False)
