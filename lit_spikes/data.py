@@ -14,6 +14,7 @@ import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -133,12 +134,35 @@ on its own, skips join the checkpoint's, validation batches do not touch trainin
 
 
 def plain_config(value: Any) -> Any:
-    """Tuples as lists, recursively: a config as the checkpoint stores it."""
+    """Plain data, recursively: tuples as lists, paths as strings, keys as strings; a
+    config as a checkpoint or a JSON file stores it (a round trip is exact)."""
     if isinstance(value, dict):
-        return {key: plain_config(item) for key, item in value.items()}
+        return {str(key): plain_config(item) for key, item in value.items()}
     if isinstance(value, tuple | list):
         return [plain_config(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
     return value
+
+
+def data_config_from_dict(values: dict[str, Any]) -> DataConfig:
+    """A ``DataConfig`` from its plain form (lists for tuples, a dict for the world)."""
+    values = dict(values)
+    if "world" in values:
+        values["world"] = WorldConfig(**values["world"])
+    for key in ("skip", "poison"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return DataConfig(**values)
+
+
+def data_config_from_checkpoint(checkpoint: dict[str, Any]) -> DataConfig:
+    """The data config a checkpoint was trained with: the whole one where the file holds
+    it, else (a file from before) the defaults with its data seed."""
+    saved = checkpoint.get(StepDataModule.__qualname__, {})
+    if "config" in saved:
+        return data_config_from_dict(saved["config"])
+    return DataConfig(seed=int(saved.get("seed", 0)))
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

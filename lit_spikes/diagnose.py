@@ -7,6 +7,8 @@ checkpoint):
 (a) the same state with the same data. Does the same spike come back, the same loss to
     the last bit? If not, the original spike is **not reproducible**: something outside
     the run's state and data made it (a hardware fault, a bit flip, a stray process).
+    If the same loss comes back but the detector does not flag that step, it is **no
+    spike**, and there is nothing to diagnose there.
 (b) the same state with other data: the data positions around the spike's are skipped,
     so from the window on every step sees batches it never saw. Does it still spike?
     Then the spike is **state-caused** (the weights, the optimizer's moments and the LR
@@ -40,13 +42,19 @@ from rich.table import Table
 
 from callbacks import BatchSkipper, LRScaler, SkipStep, SpikeDetector
 from lit_spikes.checkpoints import CheckpointError, checkpoint_step, load_checkpoint
-from lit_spikes.data import DataConfig, StepDataModule
+from lit_spikes.data import (
+    DataConfig,
+    StepDataModule,
+    data_config_from_checkpoint,
+    data_config_from_dict,
+    plain_config,
+)
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
-from lit_spikes.recover import DetectorConfig, data_config_from_dict
+from lit_spikes.recover import DetectorConfig
 from lit_spikes.training import RunSpec, quiet_branches
 
-Cause = Literal["data-caused", "state-caused", "not-reproducible"]
+Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
 
 
 @dataclass(frozen=True)
@@ -304,8 +312,7 @@ def diagnose(
                 f"checkpoint's step {k}"
             )
     if data is None:
-        saved = checkpoint.get("StepDataModule", {})
-        data = DataConfig(seed=int(saved.get("seed", 0)))
+        data = data_config_from_checkpoint(checkpoint)
     original = original_loss
     if original is None:
         original = logged_loss(ckpt_path.parent.parent, spike_step)
@@ -339,6 +346,16 @@ def _judge(
         f"(a) same state, same data, from step {k}: loss at step {spike_step} "
         f"{same.loss_at_spike:.4f}, {compared}; flagged steps {same.flagged or 'none'}."
     )
+    if same.bit_equal and spike_step not in same.flagged:
+        evidence.append(
+            f"Step {spike_step} replays bit-identically, but it is no spike: the detector "
+            f"flags {same.flagged or 'no step'} there. Nothing to diagnose at step "
+            f"{spike_step}; give a flagged step (TensorBoard's spike/loss, or the run's "
+            "SpikeDetector.spikes)."
+        )
+        return Verdict(
+            "no-spike", spike_step, k, str(ckpt_path), original, same, None, None, evidence
+        )
     reproduced = bool(same.bit_equal) or spike_step in same.flagged
     if not reproduced:
         evidence.append(
@@ -464,8 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--data-config",
         type=Path,
-        help="JSON file of the run's DataConfig fields, or a recover ledger / RecoverConfig "
-        "file (its 'data' section)",
+        help="JSON/YAML file of the run's DataConfig fields, a recover ledger / RecoverConfig "
+        "file (its 'data' section) or lit-spikes fit's config.yaml (default: the data config "
+        "the checkpoint holds)",
     )
     add("--data-seed", type=int, help="data seed (default: the checkpoint's)")
     add("--batch-size", type=int, help=f"default {DataConfig().batch_size}")
@@ -480,8 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def data_from_args(args: argparse.Namespace) -> DataConfig | None:
-    """The run's ``DataConfig`` from ``--data-config`` and the flags on top (None: none
-    given, ``diagnose`` takes the defaults with the checkpoint's seed).
+    """The run's ``DataConfig``: the checkpoint's, with ``--data-config`` (a JSON or YAML
+    file of its fields, a recover ledger or config, or ``lit-spikes fit``'s config.yaml)
+    and the flags on top (None: none given, ``diagnose`` takes the checkpoint's).
 
     Raises:
         ValueError: an unreadable file or a value ``DataConfig`` refuses.
@@ -494,6 +513,8 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
             raise ValueError(f"--data-config {args.data_config}: {error}") from None
         loaded = loaded.get("config", loaded)  # a recover ledger holds its config
         values = dict(loaded.get("data", loaded))
+        if set(values) == {"config"}:  # lit-spikes fit's config.yaml: StepDataModule(config=...)
+            values = dict(values["config"])
     for key, value in (("seed", args.data_seed), ("batch_size", args.batch_size)):
         if value is not None:
             values[key] = value
@@ -501,10 +522,13 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
         values["poison"] = args.poison
     if not values:
         return None
-    if "seed" not in values:
-        values["seed"] = int(load_checkpoint(args.ckpt).get("StepDataModule", {}).get("seed", 0))
+    base: dict[str, Any] = {}
+    if args.data_config is None or "seed" not in values:
+        # Flags alone, or a file without the seed: on top of what the checkpoint holds
+        # (all of the data config, or its seed in files from before).
+        base = plain_config(asdict(data_config_from_checkpoint(load_checkpoint(args.ckpt))))
     try:
-        return data_config_from_dict(values)
+        return data_config_from_dict(base | values)
     except TypeError as error:
         raise ValueError(f"--data-config {args.data_config}: {error}") from None
 

@@ -62,7 +62,7 @@ from callbacks import BatchSkipper, LRScaler, PreemptionCheckpoint, SkipStep, Sp
 from callbacks._common import module_history, trainer_callbacks
 from callbacks.rollback import RollbackRestore
 from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint, wait_for_writes
-from lit_spikes.data import DataConfig, StepDataModule
+from lit_spikes.data import DataConfig, StepDataModule, data_config_from_dict, plain_config
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import (
     DEFAULT_MODEL_SEED,
@@ -73,7 +73,6 @@ from lit_spikes.module import (
     destroy_process_group,
 )
 from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path, quiet_branches
-from lit_spikes.world import WorldConfig
 
 REMEDIES = ("skip_data", "scale_lr", "skip_step", "clip")
 """The remedies a ladder may name, in the default order."""
@@ -246,7 +245,7 @@ class RecoverConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (``from_dict`` reads it back)."""
-        data: dict[str, Any] = _plain(asdict(self))
+        data: dict[str, Any] = plain_config(asdict(self))
         return data
 
     @classmethod
@@ -277,28 +276,6 @@ class RecoverConfig:
         plain = self.to_dict()
         plain.pop("log_root")
         return plain
-
-
-def data_config_from_dict(values: dict[str, Any]) -> DataConfig:
-    """A ``DataConfig`` from its JSON form (lists for tuples, a dict for the world)."""
-    values = dict(values)
-    if "world" in values:
-        values["world"] = WorldConfig(**values["world"])
-    for key in ("skip", "poison"):
-        if key in values:
-            values[key] = tuple(values[key])
-    return DataConfig(**values)
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: tuples become lists, paths strings (so a JSON round trip is exact)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 # ----------------------------------------------------------------------------- ledger
@@ -432,7 +409,7 @@ class Ledger:
         raise KeyError(f"no branch {name!r} in the ledger")
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = _plain(asdict(self))
+        data: dict[str, Any] = plain_config(asdict(self))
         return data
 
     @classmethod
@@ -826,7 +803,7 @@ class RecoveryLoop:
         event completes, so an interruption between them leaves no half of it) write
         the ledger."""
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.ledger.events.append({"time": stamp, "event": kind, **_plain(detail)})
+        self.ledger.events.append({"time": stamp, "event": kind, **plain_config(detail)})
         if save:
             self.save()
         text = ", ".join(f"{k}={v}" for k, v in detail.items())

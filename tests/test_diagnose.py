@@ -78,6 +78,17 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     assert (tmp_path / "replays" / "replay_other_data").is_dir()
 
 
+def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
+    """Asked about a quiet step, diagnose replays it (with the data config the checkpoint
+    holds, poison included) and says there is no spike, instead of a cause."""
+    data = replace(TINY_DATA, poison=(28,))
+    assert original_run(tmp_path, "quiet", data, [])[0] == 28
+    verdict = diagnose(checkpoint_path(tmp_path / "quiet", K), 24)  # no data=: the file's
+    assert verdict.cause == "no-spike", verdict.evidence
+    assert verdict.same_data.bit_equal and verdict.same_data.flagged == [28]
+    assert verdict.other_data is None and "give a flagged step" in verdict.evidence[-1]
+
+
 def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
     jump = LRScaler(100.0, start_step=25)  # LR 0.01 -> 1.0 from step 25: spikes at 26
     assert original_run(tmp_path, "lr", TINY_DATA, [jump])[0] == 26
@@ -192,3 +203,17 @@ def test_data_config_reads_the_recover_yaml() -> None:
         ]
     )
     assert data_from_args(args) == DataConfig()  # configs/recover.yaml holds the defaults
+
+
+def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
+    """``lit-spikes fit`` saves its config as ``data: {config: {...}}`` (the data module's
+    argument): ``--data-config`` takes that file as it is."""
+    import yaml
+
+    from lit_spikes.diagnose import build_parser, data_from_args
+
+    saved = {"trainer": {"max_steps": 9}, "data": {"config": {"seed": 3, "batch_size": 4}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    argv = ["--ckpt", "unused.ckpt", "--spike-step", "5", "--data-config"]
+    args = build_parser().parse_args([*argv, str(tmp_path / "config.yaml")])
+    assert data_from_args(args) == DataConfig(seed=3, batch_size=4)
