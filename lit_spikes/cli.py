@@ -105,7 +105,7 @@ class LitSpikesCLI(LightningCLI):
             # The run ends where its schedule ends unless told to stop earlier (or later).
             config["trainer"]["max_steps"] = steps = config["model"]["optim"].max_steps
         resume = getattr(self, "_resume_step", None)
-        if resume is not None and resume >= steps:
+        if self.subcommand == "fit" and resume is not None and resume >= steps:
             self.parser.error(
                 f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
                 "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
@@ -163,46 +163,47 @@ class LitSpikesCLI(LightningCLI):
                 self._resume_step = checkpoint_step(path)
             except CheckpointError as error:
                 self.parser.error(f"--ckpt_path: {error}")
-        requested = dict(config["model"].items()) if config is not None else {}
-        super()._parse_ckpt_path()  # the model's settings become the checkpoint's
-        if path:
-            self._keep_requested_model_settings(requested)
-            self._resume_data_settings(path)
-
-    def _resume_data_settings(self, path: str) -> None:
-        """The data config the checkpoint was trained with, for every setting the command
-        line leaves at its default: ``--ckpt_path`` alone resumes the same batches, as it
-        resumes the same model. A setting asked for is kept (the data module warns)."""
-        saved = load_checkpoint(path).get(StepDataModule.__qualname__, {}).get("config")
-        if saved is None:  # a file from before the data config was stored
+        if not path:
             return
-        subcommand = self.config["subcommand"]
-        data = self.config[subcommand]["data"]["config"]
-        defaults = self._parser(subcommand).get_defaults()["data"]["config"]
-        for key, value in flat_config(saved).items():
-            if key not in data:
-                continue
-            current = plain_config(data[key])
-            if current == plain_config(defaults[key]) and current != value:
-                data[key] = value
+        self._resume_with_checkpoint_settings(path)
 
-    def _keep_requested_model_settings(self, requested: dict[str, Any]) -> None:
-        """LightningCLI gives the model the checkpoint's settings whatever the command
-        line said. A setting asked for (not the default) that differs is an error, except
-        those a resume may change (``RESUMABLE_CHANGES``), which are kept as asked and
-        warned about by the module."""
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        self._args = args  # parsed again, on the checkpoint's settings, by a resume
+        super().parse_arguments(parser, args)
+
+    def _resume_with_checkpoint_settings(self, path: str) -> None:
+        """The command line parsed again with the checkpoint's model and data settings as
+        the defaults: ``--ckpt_path`` alone resumes the same run, and whatever the command
+        line or a ``--config`` file sets explicitly stays as given (LightningCLI itself
+        puts the model's hyperparameters over everything, and leaves the data's alone).
+        A model setting given that differs from the file is an error, except those a
+        resume may change (``RESUMABLE_CHANGES``: the module warns); a data setting that
+        differs is kept, and the data module warns."""
+        checkpoint = load_checkpoint(path)
+        saved = {
+            f"model.{key}": value
+            for key, value in flat_config(
+                plain_config(checkpoint.get("hyper_parameters", {}))
+            ).items()
+        }
+        data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
+        if data is not None:  # files from before hold only the data seed
+            saved |= {f"data.config.{key}": value for key, value in flat_config(data).items()}
         subcommand = self.config["subcommand"]
-        model = self.config[subcommand]["model"]
-        defaults = dict(self._parser(subcommand).get_defaults()["model"].items())
+        parser = self._parser(subcommand)
+        known = parser.get_defaults()
+        parser.set_defaults({key: value for key, value in saved.items() if key in known})
+        self.config = self.parser.parse_args(self._args)  # (build_cli passes a list or None)
+        config = self.config[subcommand]
+        config["ckpt_path"] = path  # "latest" resolved
         conflicts = []
-        for key, wanted in requested.items():
-            saved = model.get(key)
-            if wanted == saved or wanted == defaults.get(key):
+        for key, value in saved.items():
+            if not key.startswith("model.") or key not in config:
                 continue
-            if key in RESUMABLE_CHANGES:
-                model[key] = wanted
-            else:
-                conflicts.append(f"--model.{key}={wanted!r} (the checkpoint's: {saved!r})")
+            given = plain_config(config[key])
+            if given != value and key.removeprefix("model.") not in RESUMABLE_CHANGES:
+                conflicts.append(f"--{key}={given!r} (the checkpoint's: {value!r})")
         if conflicts:
             self.parser.error(
                 "--ckpt_path resumes the checkpoint's run with its own model settings, but "
@@ -220,7 +221,8 @@ class LitSpikesCLI(LightningCLI):
             self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
         ]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        if every:
+        training = self.subcommand == "fit"  # validate trains nothing and saves nothing
+        if every and training:
             dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
             remove_leftovers(dirpath)
             callbacks.append(PreemptionCheckpoint(dirpath))
@@ -234,7 +236,10 @@ class LitSpikesCLI(LightningCLI):
             callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
         if trainer_config.get("logger") in (None, True):
             trainer_config["logger"] = TensorBoardStepLogger(
-                save_dir=root, name="", version="", purge_step=getattr(self, "_resume_step", None)
+                save_dir=root,
+                name="",
+                version="",
+                purge_step=getattr(self, "_resume_step", None) if training else None,
             )
         if not trainer_config.get("plugins"):
             trainer_config["plugins"] = [checkpoint_io_for(trainer_config)]

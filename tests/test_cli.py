@@ -248,3 +248,52 @@ def test_a_run_ending_off_its_checkpoint_interval_leaves_its_last_step(tmp_path:
     # Shorter than the interval: still one file.
     main([*args, "--trainer.default_root_dir", str(tmp_path / "tiny"), "--trainer.max_steps", "3"])
     assert [p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir()] == ["step=3.ckpt"]
+
+
+def test_a_resume_keeps_explicit_settings_even_when_they_equal_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint's settings fill in only what the command line and --config leave
+    out: an explicit value that happens to be the default is still asked for."""
+    import yaml
+
+    args = ["fit", *TINY_CLI, "--checkpoint_every", "5", "--trainer.enable_model_summary", "false"]
+    ref = tmp_path / "ref"
+    main([*args, "--trainer.default_root_dir", str(ref), "--trainer.max_steps", "10",
+          "--model.optim.lr_scale", "0.5", "--data.config.seed", "7"])  # fmt: skip
+    resume = [*args, "--trainer.max_steps", "12", "--ckpt_path"]
+    resume += [str(ref / "checkpoints" / "step=10.ckpt")]
+    # lr_scale 1.0 is the default, but not the checkpoint's 0.5: refused, not dropped.
+    with pytest.raises(SystemExit):
+        main([*resume, "--trainer.default_root_dir", str(tmp_path / "x"),
+              "--model.optim.lr_scale", "1.0"])  # fmt: skip
+    assert "--model.optim.lr_scale=1.0 (the checkpoint's: 0.5)" in capsys.readouterr().err
+    # Seed 0 (the default) from a --config file: kept, and the data module says so.
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump({"data": {"config": {"seed": 0}}}))
+    with pytest.warns(UserWarning, match="trained with data seed 7, this run uses 0"):
+        cli = main([*resume, "--trainer.default_root_dir", str(tmp_path / "y"),
+                    "--config", str(tmp_path / "data.yaml")])  # fmt: skip
+    assert cli is not None and cli.datamodule.config.seed == 0
+    assert cli.model.optim_config.lr_scale == 0.5  # what was not given: the checkpoint's
+
+
+def test_validate_takes_any_checkpoint_and_leaves_the_run_alone(tmp_path: Path) -> None:
+    """validate trains nothing: the run's last file is fine, and its TensorBoard curves in
+    the same directory are not purged from the checkpoint's step on."""
+    from tests.conftest import tb_scalars
+
+    root = tmp_path / "run"
+    args = [*TINY_CLI, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "10"]
+    main(["fit", *args, "--checkpoint_every", "5", "--trainer.enable_model_summary", "false"])
+    before = tb_scalars(root)["train/loss"]
+    for step in (10, 5):
+        ckpt = str(root / "checkpoints" / f"step={step}.ckpt")
+        cli = main(["validate", *args, "--trainer.limit_val_batches", "2", "--ckpt_path", ckpt])
+        assert cli is not None and "val/bpc" in cli.trainer.callback_metrics
+    assert (
+        [s for s, _ in tb_scalars(root)["train/loss"]] == [s for s, _ in before] == list(range(10))
+    )
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == [
+        "step=10.ckpt",
+        "step=5.ckpt",
+    ]
