@@ -98,6 +98,9 @@ class Replay:
     original to compare with)."""
     last_step: int
     wall_s: float = 0.0
+    detector_from_checkpoint: bool = False
+    """The judging detector continued the run's own (its state was in the checkpoint);
+    otherwise a fresh one with the configured settings and a shortened warm-up."""
 
     @property
     def spiked(self) -> bool:
@@ -239,6 +242,7 @@ class _Replayer:
             )
         first = self.spike_step - self.config.window_before
         detector = _detector(self.config.detector, checkpoint, first - k)
+        continued = detector.state_key in checkpoint.get("callbacks", {})
         flagged = []
         for step in sorted(records):
             found = detector.check(step, records[step])
@@ -257,6 +261,7 @@ class _Replayer:
             bit_equal=None if self.original is None else loss == self.original,
             last_step=max(records),
             wall_s=wall,
+            detector_from_checkpoint=continued,
         )
         return replay, records
 
@@ -346,12 +351,18 @@ def _judge(
         f"(a) same state, same data, from step {k}: loss at step {spike_step} "
         f"{same.loss_at_spike:.4f}, {compared}; flagged steps {same.flagged or 'none'}."
     )
-    if same.bit_equal and spike_step not in same.flagged:
+    if same.bit_equal is not False and spike_step not in same.flagged:
+        judge = (
+            "the run's own detector, continued from the checkpoint,"
+            if same.detector_from_checkpoint
+            else "a fresh detector (the checkpoint holds none of these settings: "
+            "--window-before or a detector like the run's may judge otherwise)"
+        )
+        replayed = "replays bit-identically" if same.bit_equal else "replays (no original loss)"
         evidence.append(
-            f"Step {spike_step} replays bit-identically, but it is no spike: the detector "
-            f"flags {same.flagged or 'no step'} there. Nothing to diagnose at step "
-            f"{spike_step}; give a flagged step (TensorBoard's spike/loss, or the run's "
-            "SpikeDetector.spikes)."
+            f"Step {spike_step} {replayed}, but it is no spike: {judge} flags "
+            f"{same.flagged or 'no step'} there. Nothing to diagnose at step {spike_step}; "
+            "give a flagged step (TensorBoard's spike/loss, or the run's SpikeDetector.spikes)."
         )
         return Verdict(
             "no-spike", spike_step, k, str(ckpt_path), original, same, None, None, evidence
@@ -522,13 +533,15 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
         values["poison"] = args.poison
     if not values:
         return None
-    base: dict[str, Any] = {}
-    if args.data_config is None or "seed" not in values:
-        # Flags alone, or a file without the seed: on top of what the checkpoint holds
-        # (all of the data config, or its seed in files from before).
-        base = plain_config(asdict(data_config_from_checkpoint(load_checkpoint(args.ckpt))))
+    # On top of what the checkpoint holds (all of the data config, or its seed in files
+    # from before); an unreadable file is reported by diagnose itself.
     try:
-        return data_config_from_dict(base | values)
+        base = plain_config(asdict(data_config_from_checkpoint(load_checkpoint(args.ckpt))))
+    except CheckpointError:
+        base = {}
+    world = {**base.get("world", {}), **values.get("world", {})}
+    try:
+        return data_config_from_dict(base | values | ({"world": world} if world else {}))
     except TypeError as error:
         raise ValueError(f"--data-config {args.data_config}: {error}") from None
 

@@ -217,3 +217,14 @@ def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
     argv = ["--ckpt", "unused.ckpt", "--spike-step", "5", "--data-config"]
     args = build_parser().parse_args([*argv, str(tmp_path / "config.yaml")])
     assert data_from_args(args) == DataConfig(seed=3, batch_size=4)
+
+
+def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Path) -> None:
+    from lit_spikes.diagnose import build_parser, data_from_args
+
+    fit(tmp_path, "run", 5, optim=OPTIM, data=TINY_DATA, checkpoint_every=5)
+    (tmp_path / "data.json").write_text(json.dumps({"seed": 5, "world": {"num_people": 10}}))
+    argv = ["--ckpt", str(checkpoint_path(tmp_path / "run", 5)), "--spike-step", "9"]
+    args = build_parser().parse_args([*argv, "--data-config", str(tmp_path / "data.json")])
+    world = replace(TINY_DATA.world, num_people=10)  # num_chars stays the checkpoint's
+    assert data_from_args(args) == replace(TINY_DATA, seed=5, world=world)
