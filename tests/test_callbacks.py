@@ -252,6 +252,27 @@ def test_two_lr_scalers_differing_only_in_their_end_each_keep_their_own_state(
     )
 
 
+def test_an_lr_scaler_state_under_the_older_key_is_still_loaded_and_checked(
+    tmp_path: Path,
+) -> None:
+    """Files from before end_step joined the state key keep the state under the older
+    key: it is loaded from there, so a differently configured scaler is still refused."""
+    from lit_spikes.checkpoints import atomic_torch_save
+
+    reference = fit(
+        tmp_path, "ref", N, checkpoint_every=EVERY, callbacks=[LRScaler(0.5, start_step=7)]
+    )
+    checkpoint = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
+    states = checkpoint["callbacks"]
+    new_key = next(key for key in states if key.startswith("LRScaler"))
+    states["LRScaler{'factor': 0.5, 'start_step': 7}"] = states.pop(new_key)
+    older = tmp_path / "older" / f"step={K}.ckpt"
+    older.parent.mkdir()
+    atomic_torch_save(checkpoint, older)
+    with pytest.raises(ValueError, match="end_step=None, but is now configured as"):
+        fit(tmp_path, "other", N, ckpt_path=older, callbacks=[LRScaler(0.5, 7, end_step=15)])
+
+
 def test_gradient_clipping_logs_the_norm_before_clipping(tmp_path: Path) -> None:
     clipped = fit(tmp_path, "clipped", 5, gradient_clip_val=1e-3)
     free = fit(tmp_path, "free", 5)
