@@ -21,6 +21,8 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from typing_extensions import override
 
 STEP_PATTERN = re.compile(r"step=(\d+)")
+VERSION_PATTERN = re.compile(r"-v(\d+)\.ckpt$")
+"""ModelCheckpoint's suffix for a second file of one name (``step=20-v1.ckpt``)."""
 REQUIRED_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "loops")
 
 
@@ -128,7 +130,8 @@ def _file_step(path: str, mtime_ns: int) -> int:
 def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``*step=<k>*.ckpt`` file in ``directory``, oldest first:
     by step, and files of one step (``step=20.ckpt`` and the ``step=20-v1.ckpt`` of a run
-    resumed into the same directory) in the order they were written."""
+    resumed into the same directory) in the order they were written (their modification
+    times; on a tie, or times a copy reset, by ``-v<n>``)."""
     wait_for_writes()  # every file this process saved is listed
     directory = Path(directory)
     if not directory.is_dir():
@@ -137,7 +140,11 @@ def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
     for path in directory.glob("*.ckpt"):
         match = STEP_PATTERN.search(path.name)
         if match:
-            found.append((int(match.group(1)), _written_at(path), path.name, path))
+            version = VERSION_PATTERN.search(path.name)
+            written = _written_at(path)
+            found.append(
+                (int(match.group(1)), written, int(version.group(1)) if version else 0, path)
+            )
     return [(step, path) for step, _, _, path in sorted(found)]
 
 

@@ -333,6 +333,9 @@ def test_of_two_files_of_one_step_the_newest_written_is_the_newest(tmp_path: Pat
         os.utime(second, ns=(2_000_000_000, 2_000_000_000))
         assert checkpoint_files(directory)[-1] == (K, second)
         assert newest_valid_checkpoint(directory)[1] == second
+    for path in (old, new):  # the same time (a coarse clock): the version decides
+        os.utime(path, ns=(3_000_000_000, 3_000_000_000))
+    assert checkpoint_files(directory)[-1] == (K, new)
 
 
 def test_latest_resume_takes_the_newest_file_after_a_skipped_non_finite_step(
