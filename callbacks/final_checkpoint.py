@@ -18,8 +18,9 @@ class FinalCheckpoint(Callback):
     that last step through the Trainer's CheckpointIO, so that extending the run later
     (``--ckpt_path latest`` with a larger ``max_steps``) repeats nothing and a run shorter
     than the interval still leaves a file. A step the interval or a preemption already
-    saved is not written again. The decision depends only on the step, so every rank of
-    a DDP run takes it alike (a save is a collective).
+    saved is not written again, and a file of that name from another run into the same
+    directory is kept (the new one is then ``step=<k>-v1.ckpt``). Whether to save depends
+    only on the step, so every rank of a DDP run decides alike (a save is a collective).
 
     Args:
         dirpath: directory of the run's ``step=<k>.ckpt`` files.
@@ -48,5 +49,11 @@ class FinalCheckpoint(Callback):
         )
         if step == 0 or step % self.every_n_steps == 0 or preempted:
             return
-        self.saved_path = self.dirpath / f"step={step}.ckpt"
-        trainer.save_checkpoint(self.saved_path, weights_only=False)
+        # Beside a file of that name from another run into this directory, as ModelCheckpoint
+        # does (only rank 0 writes: the other ranks' names do not matter).
+        path, version = self.dirpath / f"step={step}.ckpt", 0
+        while path.exists():
+            version += 1
+            path = self.dirpath / f"step={step}-v{version}.ckpt"
+        self.saved_path = path
+        trainer.save_checkpoint(path, weights_only=False)

@@ -245,9 +245,13 @@ def test_a_run_ending_off_its_checkpoint_interval_leaves_its_last_step(tmp_path:
         load_ckpt(full / "checkpoints" / "step=20.ckpt"),
         load_ckpt(short / "checkpoints" / "step=20.ckpt"),
     )
-    # Shorter than the interval: still one file.
+    # Shorter than the interval: still one file, beside (not over) another run's.
+    (tmp_path / "tiny" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "tiny" / "checkpoints" / "step=3.ckpt").write_bytes(b"another run's")
     main([*args, "--trainer.default_root_dir", str(tmp_path / "tiny"), "--trainer.max_steps", "3"])
-    assert [p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir()] == ["step=3.ckpt"]
+    files = sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir())
+    assert files == ["step=3-v1.ckpt", "step=3.ckpt"]
+    assert (tmp_path / "tiny" / "checkpoints" / "step=3.ckpt").read_bytes() == b"another run's"
 
 
 def test_a_resume_keeps_explicit_settings_even_when_they_equal_the_defaults(
