@@ -563,30 +563,32 @@ def check_training_setup(
         raise ValueError("; ".join(problems))
 
 
-def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raises ``ValueError`` listing every model-config field that differs."""
+def _refuse_differences(
+    saved: dict[str, Any], current: dict[str, Any], what: str, advice: str
+) -> None:
     differ = config_differences(saved, current)
     if differ:
         raise ValueError(
-            "the checkpoint's model config differs from this model's ("
-            + "; ".join(differ)
-            + "): build the module with the checkpoint's config to resume it"
+            f"the checkpoint's {what} differs from this module's ({'; '.join(differ)}): {advice}"
         )
+
+
+def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raises ``ValueError`` listing every model-config field that differs."""
+    advice = "build the module with the checkpoint's config to resume it"
+    _refuse_differences(saved, current, "model config", advice)
 
 
 def check_optim_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Raises ``ValueError`` listing every optimizer-config field that differs: a resume
     restores AdamW's hyperparameters and the schedule's own from the checkpoint, so a
     different config would be silently overridden."""
-    differ = config_differences(saved, current)
-    if differ:
-        raise ValueError(
-            "the checkpoint's optimizer config differs from this module's ("
-            + "; ".join(differ)
-            + "): a resume restores AdamW and the LR schedule from the checkpoint, so these "
-            "would be silently ignored. Resume with the checkpoint's config; to change the "
-            "LR from the resume point on, add an LRScaler callback"
-        )
+    advice = (
+        "a resume restores AdamW and the LR schedule from the checkpoint, so these would be "
+        "silently ignored. Resume with the checkpoint's config; to change the LR from the "
+        "resume point on, add an LRScaler callback"
+    )
+    _refuse_differences(saved, current, "optimizer config", advice)
 
 
 def check_state_shapes(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor]) -> None:
