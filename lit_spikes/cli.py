@@ -30,7 +30,6 @@ from callbacks.final_checkpoint import FinalCheckpoint
 from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import (
     CheckpointError,
-    checkpoint_step,
     load_checkpoint,
     newest_valid_checkpoint,
     remove_leftovers,
@@ -158,21 +157,21 @@ class LitSpikesCLI(LightningCLI):
             except FileNotFoundError as error:
                 self.parser.error(f"--ckpt_path latest: {error}")
             config["ckpt_path"] = path = str(found)
-        if path:
-            try:
-                self._resume_step = checkpoint_step(path)
-            except CheckpointError as error:
-                self.parser.error(f"--ckpt_path: {error}")
         if not path:
             return
-        self._resume_with_checkpoint_settings(path)
+        try:
+            checkpoint = load_checkpoint(path)
+        except CheckpointError as error:
+            self.parser.error(f"--ckpt_path: {error}")
+        self._resume_step = int(checkpoint["global_step"])
+        self._resume_with_checkpoint_settings(path, checkpoint)
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._args = args  # parsed again, on the checkpoint's settings, by a resume
         super().parse_arguments(parser, args)
 
-    def _resume_with_checkpoint_settings(self, path: str) -> None:
+    def _resume_with_checkpoint_settings(self, path: str, checkpoint: dict[str, Any]) -> None:
         """The command line parsed again with the checkpoint's model and data settings as
         the defaults: ``--ckpt_path`` alone resumes the same run, and whatever the command
         line or a ``--config`` file sets explicitly stays as given (LightningCLI itself
@@ -180,7 +179,6 @@ class LitSpikesCLI(LightningCLI):
         A model setting given that differs from the file is an error, except those a
         resume may change (``RESUMABLE_CHANGES``: the module warns); a data setting that
         differs is kept, and the data module warns."""
-        checkpoint = load_checkpoint(path)
         saved = {
             f"model.{key}": value
             for key, value in flat_config(

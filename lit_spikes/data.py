@@ -175,18 +175,27 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def data_config_differences(saved: dict[str, Any] | None, current: DataConfig) -> list[str]:
-    """``"<field>: checkpoint <a>, now <b>"`` for each field of a checkpoint's data config
-    (``None``: a file from before it was stored) that differs from ``current``, nested
-    fields dotted (``world.num_chars``), ``RESUME_DATA_CHANGES`` left out."""
-    if saved is None:
-        return []
-    saved_flat, now = flat_config(plain_config(saved)), flat_config(plain_config(asdict(current)))
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], ignore: Iterable[str] = ()
+) -> list[str]:
+    """``"<field>: checkpoint <a>, now <b>"`` for every field of two config dicts that
+    differs, nested fields dotted (``world.num_chars``), top-level fields in ``ignore``
+    left out."""
+    skipped = set(ignore)
+    saved_flat, now = flat_config(plain_config(saved)), flat_config(plain_config(current))
     return [
         f"{key}: checkpoint {saved_flat.get(key)!r}, now {now.get(key)!r}"
         for key in sorted(set(saved_flat) | set(now))
-        if key.split(".")[0] not in RESUME_DATA_CHANGES and saved_flat.get(key) != now.get(key)
+        if key.split(".")[0] not in skipped and saved_flat.get(key) != now.get(key)
     ]
+
+
+def data_config_differences(saved: dict[str, Any] | None, current: DataConfig) -> list[str]:
+    """``config_differences`` of a checkpoint's data config (``None``: a file from before
+    it was stored) and ``current``, ``RESUME_DATA_CHANGES`` left out."""
+    if saved is None:
+        return []
+    return config_differences(saved, asdict(current), RESUME_DATA_CHANGES)
 
 
 def check_shard(batch_size: int, rank: int, world_size: int) -> None:

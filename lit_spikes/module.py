@@ -20,7 +20,7 @@ import torchmetrics
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
-from lit_spikes.data import Batch, StepDataModule
+from lit_spikes.data import Batch, StepDataModule, config_differences
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
 from lit_spikes.tb import TensorBoardStepLogger
@@ -523,15 +523,6 @@ def gather_objects(value: Any) -> list[Any]:
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, value)
     return gathered
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"<field>: checkpoint <a>, now <b>"`` for every field of two config dicts that differs."""
-    return [
-        f"{key}: checkpoint {saved.get(key)!r}, now {current.get(key)!r}"
-        for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key)
-    ]
 
 
 def check_training_setup(
