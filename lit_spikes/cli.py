@@ -110,20 +110,10 @@ class LitSpikesCLI(LightningCLI):
                 "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
             )
         root = Path(config["trainer"]["default_root_dir"])
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
+        problem = unwritable_directory(root)
+        if problem is not None:
             self.parser.error(
-                f"--trainer.default_root_dir={root} cannot be created ({error.strerror}): "
-                "choose a writable directory"
-            )
-        try:  # one that exists may still refuse files (read-only, someone else's)
-            with tempfile.TemporaryFile(dir=root):
-                pass
-        except OSError as error:
-            self.parser.error(
-                f"--trainer.default_root_dir={root} is not writable ({error.strerror}): "
-                "choose a writable directory"
+                f"--trainer.default_root_dir={root} {problem}: choose a writable directory"
             )
 
     @override
@@ -244,6 +234,24 @@ class LitSpikesCLI(LightningCLI):
         if trainer_config.get("profiler") is None:  # Lightning's default, cheaper
             trainer_config["profiler"] = NoProfiler()
         return self._instantiate_trainer(trainer_config, callbacks)
+
+
+def unwritable_directory(path: Path) -> str | None:
+    """Why files cannot be written into ``path`` (None: they can), checked without
+    creating it: a run refused later, for another reason, leaves no empty directory."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be created ({existing} is not a directory)"
+    try:  # a directory that exists may still refuse files (read-only, someone else's)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        if existing == path:
+            return f"is not writable ({error.strerror})"
+        return f"cannot be created ({error.strerror} in {existing})"
+    return None
 
 
 DESCRIPTION = """lit-spikes: train a tiny GPT that resumes bit-exactly and survives loss spikes.
