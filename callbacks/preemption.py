@@ -77,10 +77,10 @@ class PreemptionCheckpoint(Callback):
         trainer.should_stop = True
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"
         # A warning, not info: scripts that quiet Lightning's info logs still show it.
+        # How to resume is the caller's to say (lit-spikes fit, recover and a script differ).
         rank_zero_warn_log(
-            f"Received {name}: stopped after step "
-            f"{trainer.global_step}, checkpoint written to {path}. Resume: the same "
-            f"command with --ckpt_path {path} (or trainer.fit(..., ckpt_path=...))."
+            f"Received {name}: stopped after step {trainer.global_step}, checkpoint written "
+            f"to {path}; a fit resumed from it continues bit-exactly."
         )
 
     def _restore(self) -> None:

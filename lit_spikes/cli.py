@@ -296,8 +296,14 @@ def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdic
         for cb in getattr(cli.trainer, "callbacks", [])
         if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
     ]
-    if preempted and args is None:  # in-process callers (tests) get the CLI object back
-        raise SystemExit(128 + int(preempted[0].received or 0))
+    if preempted:
+        print(
+            f"lit-spikes: resume with the same command and --ckpt_path "
+            f"{preempted[0].saved_path} (or --ckpt_path latest)",
+            file=sys.stderr,
+        )
+        if args is None:  # in-process callers (tests) get the CLI object back
+            raise SystemExit(128 + int(preempted[0].received or 0))
     # The console script does sys.exit(main()): anything but None would exit with 1.
     return cli if args is not None else None
 

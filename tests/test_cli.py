@@ -103,6 +103,9 @@ def test_console_script_stopped_by_sigterm_exits_128_plus_the_signal(
     finally:
         child.kill()
     assert child.returncode == 128 + signal.SIGTERM, stderr.decode()[-2000:]
+    if every != "0":  # the file the preemption wrote, and how to go on from it
+        hint = f"resume with the same command and --ckpt_path {tmp_path / 'checkpoints'}/step="
+        assert hint in stderr.decode()
 
 
 def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
