@@ -7,6 +7,7 @@ from callbacks.lr_scaler import LRScaler
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.retention import CheckpointRetention
 from callbacks.rollback import RollbackRestore
+from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from callbacks.skip_step import SkipStep
 from callbacks.spike_detector import SpikeDetector
 
@@ -17,6 +18,8 @@ __all__ = [
     "LRScaler",
     "PreemptionCheckpoint",
     "RollbackRestore",
+    "RunDirectoryBusy",
+    "RunDirectoryLock",
     "SkipStep",
     "SpikeDetector",
 ]

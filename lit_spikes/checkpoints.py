@@ -266,15 +266,36 @@ def serialize_checkpoint(checkpoint: dict[str, Any]) -> memoryview:
 
 
 def remove_leftovers(directory: str | Path) -> list[Path]:
-    """Delete temporary files of interrupted saves in ``directory``; returns them."""
+    """Delete temporary files of interrupted saves in ``directory``; returns them. A file
+    that a live process is still writing (its pid is in the name) is no leftover: a second
+    run started into a busy directory must not break the first one's save before
+    ``RunDirectoryLock`` stops it."""
     wait_for_writes()  # this process's own writes in progress are no leftovers
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    removed = [p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARKER in p.name]
+    removed = [
+        p
+        for p in directory.iterdir()
+        if p.name.startswith(".") and TEMP_MARKER in p.name and not _written_by_another(p)
+    ]
     for leftover in removed:
         leftover.unlink(missing_ok=True)
     return removed
+
+
+def _written_by_another(temp: Path) -> bool:
+    """Whether the process named in a temporary file's name is alive and not this one."""
+    pid_text = temp.name.rpartition(TEMP_MARKER)[2]
+    if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _several_ranks() -> bool:

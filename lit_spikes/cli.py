@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from callbacks.final_checkpoint import FinalCheckpoint
 from callbacks.preemption import PreemptionCheckpoint
+from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
     load_checkpoint,
@@ -128,6 +129,10 @@ class LitSpikesCLI(LightningCLI):
             )
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
+        for callback in getattr(self.trainer, "callbacks", []):
+            if isinstance(callback, RunDirectoryLock):
+                # Before fit: Lightning's logger writes its first file before any setup hook.
+                callback.acquire_for(self.trainer)
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -210,6 +215,8 @@ class LitSpikesCLI(LightningCLI):
         ]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         training = self.subcommand == "fit"  # validate trains nothing and saves nothing
+        if training:
+            callbacks.append(RunDirectoryLock(root))  # taken in instantiate_classes
         if every and training:
             dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
             remove_leftovers(dirpath)
@@ -286,6 +293,10 @@ def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdic
         return result if args is not None else None
     try:
         cli = build_cli(args)
+    except RunDirectoryBusy as error:
+        # Not a crash: a scheduler may retry later (EX_TEMPFAIL), once the other run ended.
+        print(f"lit-spikes: error: {error}", file=sys.stderr)
+        raise SystemExit(os.EX_TEMPFAIL) from None
     except SIGTERMException:
         # Lightning ends a run that got SIGTERM with SystemExit(None), status 0 (with
         # --checkpoint_every 0 there is no PreemptionCheckpoint to stop it first): a job

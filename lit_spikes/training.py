@@ -138,7 +138,10 @@ class RunSpec:
         return self.log_root / self.name
 
     def trainer(self) -> pl.Trainer:
-        callbacks = list(self.callbacks)
+        from callbacks.run_lock import RunDirectoryLock
+
+        lock = RunDirectoryLock(self.run_dir)
+        callbacks = [lock, *self.callbacks]
         if self.checkpoint_every is not None:
             from callbacks.preemption import PreemptionCheckpoint
 
@@ -175,7 +178,9 @@ class RunSpec:
         kwargs.update(self.trainer_kwargs)
         if "plugins" not in self.trainer_kwargs:
             kwargs["plugins"] = [checkpoint_io_for(kwargs)]
-        return pl.Trainer(**kwargs)
+        trainer = pl.Trainer(**kwargs)
+        lock.acquire_for(trainer)  # now: the logger writes a file before any setup hook runs
+        return trainer
 
 
 def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:

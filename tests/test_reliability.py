@@ -3,6 +3,7 @@ pruning, malicious files, TensorBoard after resume, bad input."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import pickle
@@ -21,7 +22,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lit_spikes.checkpoints as checkpoints_module
-from callbacks import CheckpointRetention, RollbackRestore, SpikeDetector
+from callbacks import (
+    CheckpointRetention,
+    RollbackRestore,
+    RunDirectoryBusy,
+    RunDirectoryLock,
+    SpikeDetector,
+)
+from callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -619,3 +627,96 @@ def test_checkpoint_beyond_the_run_and_too_long_rollback_are_refused(
     assert not root.exists()
     with pytest.raises(ValueError, match="distance=30 reaches back past step 0"):
         RollbackRestore(reference.spec.run_dir / "checkpoints", spike_step=12, distance=30)
+
+
+# ------------------------------------------------------------------ 10. one run per directory
+
+
+def _hold_directory(directory: Path, ready: Any) -> None:
+    RunDirectoryLock(directory).acquire()
+    ready.set()
+    time.sleep(120)  # killed or terminated by the test
+
+
+@pytest.fixture
+def directory_holder() -> Any:
+    """Starts a process that holds a run directory's lock until the test ends it."""
+    context = multiprocessing.get_context("fork")
+    started = []
+
+    def start(directory: Path) -> Any:
+        ready = context.Event()
+        holder = context.Process(target=_hold_directory, args=(directory, ready))
+        holder.start()
+        started.append(holder)
+        assert ready.wait(timeout=30)
+        return holder
+
+    yield start
+    for holder in started:
+        holder.kill()
+        holder.join()
+
+
+def test_a_second_run_into_a_busy_directory_stops_before_writing_anything(
+    tmp_path: Path, directory_holder: Any
+) -> None:
+    run_dir = tmp_path / "busy"
+    holder = directory_holder(run_dir)
+    with pytest.raises(RunDirectoryBusy, match=rf"in use by another run \(pid {holder.pid} on "):
+        fit(tmp_path, "busy", N, checkpoint_every=EVERY)
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # no events, no checkpoints
+    holder.terminate()
+    holder.join()
+    run = fit(tmp_path, "busy", N, checkpoint_every=EVERY)  # free again: the kernel released it
+    assert run.trainer.global_step == N
+    assert not (run_dir / LOCK_NAME).exists()  # removed as the run ended
+
+
+def test_lit_spikes_fit_into_a_busy_directory_exits_75_naming_the_holder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], directory_holder: Any
+) -> None:
+    root = tmp_path / "run"
+    holder = directory_holder(root)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *TINY_CLI, "--trainer.default_root_dir", str(root)])
+    assert exit_info.value.code == os.EX_TEMPFAIL  # a scheduler may retry later
+    assert f"run directory {root} is in use by another run (pid {holder.pid} on " in (
+        capsys.readouterr().err
+    )
+    assert sorted(p.name for p in root.iterdir()) == [LOCK_NAME]  # no config.yaml either
+
+
+def test_a_lock_whose_holder_released_it_between_open_and_flock_is_taken_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The releasing holder removes the file: a lock taken on the removed file is no lock."""
+    first, second = RunDirectoryLock(tmp_path), RunDirectoryLock(tmp_path)
+    first.acquire()
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_release(fd: int, operation: int) -> None:
+        calls.append(operation)
+        if len(calls) == 1:  # the second's first attempt: the first lets go just before
+            monkeypatch.setattr(fcntl, "flock", real_flock)
+            first.release()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_release)
+    second.acquire()
+    assert second.held and (tmp_path / LOCK_NAME).exists()
+    with pytest.raises(RunDirectoryBusy):  # the file on disk is the one second holds
+        RunDirectoryLock(tmp_path).acquire()
+    second.release()
+
+
+def test_leftovers_of_a_live_writer_are_kept_and_of_a_dead_one_removed(tmp_path: Path) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f".step=5.ckpt.tmp-{writer.pid}"
+        live.write_bytes(b"half a checkpoint")
+        assert remove_leftovers(tmp_path) == [] and live.exists()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert remove_leftovers(tmp_path) == [live] and not live.exists()
