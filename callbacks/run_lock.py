@@ -8,10 +8,13 @@ import os
 import socket
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
 LOCK_NAME = ".lit-spikes.lock"
@@ -25,8 +28,7 @@ class RunDirectoryBusy(RuntimeError):
         super().__init__(
             f"run directory {directory} is in use by another run ({holder}): two runs writing "
             "into one directory would interleave their checkpoints and TensorBoard curves. "
-            "Wait for that run to end (then resume with --ckpt_path latest), or give this "
-            "run another directory"
+            "Wait for that run to end, or give this run another directory"
         )
         self.directory, self.holder = directory, holder
 
@@ -35,41 +37,74 @@ class RunDirectoryBusy(RuntimeError):
         return type(self), (self.directory, self.holder)
 
 
+@dataclass
+class _Held:
+    """One locked file of this process, shared by its ``RunDirectoryLock`` objects."""
+
+    path: Path
+    fd: int
+    users: int = 1
+
+
+_HELD: dict[Path, _Held] = {}
+"""This process's locks by lock-file path: a second lock on a directory this process
+holds shares it (a run resumed in the same process, a Trainer built and never fitted)."""
+
+
+def _forget_held_locks() -> None:
+    # A forked child shares its parent's locked file descriptions: releasing them there
+    # (LOCK_UN) would drop the parent's lock. The child holds nothing of its own.
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_locks)
+
+
 class RunDirectoryLock(Callback):
     """Holds an exclusive lock on a run directory while a fit trains in it, so that a
-    second run started into the same directory (a job requeued while the first is still
-    writing its preemption checkpoint, one command typed in two terminals) stops in
-    ``setup``, before it writes anything, instead of interleaving its checkpoints and
-    TensorBoard curves with those of the run already there.
+    second run started into the same directory from another process (a job requeued while
+    the first is still writing its preemption checkpoint, one command typed in two
+    terminals) stops before it trains or writes a file there, instead of interleaving its
+    checkpoints and TensorBoard curves with those of the run already there.
 
     The lock is a ``flock`` on ``<directory>/.lit-spikes.lock``: the kernel releases it
     when its process dies, so a killed run leaves no stale lock behind. The file names its
     holder (pid, host, start, command) for the other run's error, and is removed when the
-    run ends. Only global rank 0 takes it. Where the filesystem has no ``flock`` (some
-    network mounts) the run warns and goes on unlocked.
+    run ends. Locks of one process on one directory share it (a run resumed in the same
+    process goes on). Only global rank 0 takes it. Where the filesystem has no ``flock``
+    (some network mounts) the run warns and goes on unlocked.
 
     ``setup`` takes it at the latest, but Lightning's logger creates its first file just
     before ``setup`` (a resumed run's TensorBoard purge marker among it): ``RunSpec.trainer()``
-    and ``lit-spikes fit`` take it as soon as the Trainer is built. With a Trainer of your
-    own, call ``acquire()`` before ``fit`` to get the same.
+    and ``lit-spikes fit`` take it as soon as the Trainer is built, with ``acquire_for``.
+    With a Trainer of your own, call ``acquire_for(trainer)`` before ``fit`` to get the same.
+    It is released in ``teardown`` or ``on_exception``, so just before Lightning's logger
+    writes its last events. A copy sent to another process (a spawned DDP worker) or a
+    forked child holds nothing.
 
     Args:
         directory: the run directory (TensorBoard's, and the checkpoints' parent).
 
     Raises:
-        RunDirectoryBusy: from ``setup``, when another process holds the directory.
+        RunDirectoryBusy: from ``acquire``/``acquire_for`` (and so ``setup``), when another
+            process holds the directory.
 
     Example:
         >>> lock = RunDirectoryLock("runs/x")
         >>> trainer = pl.Trainer(default_root_dir="runs/x", callbacks=[lock])
-        >>> lock.acquire()  # RunDirectoryBusy here, before anything is written
+        >>> lock.acquire_for(trainer)  # RunDirectoryBusy here, before anything is written
         >>> trainer.fit(module, datamodule=dm)  # released as the fit ends
     """
 
     def __init__(self, directory: str | Path) -> None:
         super().__init__()
         self.directory = Path(directory)
-        self._fd: int | None = None
+        self._held: _Held | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_held"] = None  # a descriptor number means nothing in another process
+        return state
 
     @property
     def path(self) -> Path:
@@ -77,68 +112,65 @@ class RunDirectoryLock(Callback):
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._held is not None and _HELD.get(self._held.path) is self._held
 
     def acquire(self) -> None:
-        """Take the lock (a no-op when this object holds it already).
+        """Take the lock (a no-op when this object holds it already; shared when another
+        object of this process holds it).
 
         Raises:
             RunDirectoryBusy: another process holds it.
         """
-        if self._fd is not None:
+        if self.held:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(fd)
-                os.close(fd)
-                raise RunDirectoryBusy(self.directory, holder) from None
-            except OSError as error:
-                os.close(fd)
-                warnings.warn(
-                    f"cannot lock run directory {self.directory} ({error.strerror}): a second "
-                    "run started into it would not be stopped",
-                    stacklevel=2,
-                )
-                return
-            # The holder before us removes the file as it releases: if it did so between
-            # our open and our flock, we locked a file nobody else will see. Again.
-            try:
-                current = os.stat(self.path)
-            except FileNotFoundError:
-                current = None
-            if current is not None and os.path.samestat(os.fstat(fd), current):
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, _holder_description().encode())
-        self._fd = fd
+        path = self.path.absolute()
+        shared = _HELD.get(path)
+        if shared is not None:
+            shared.users += 1
+            self._held = shared
+            return
+        fd = _lock_file(path)
+        if fd is not None:
+            self._held = _HELD[path] = _Held(path, fd)
 
     def acquire_for(self, trainer: pl.Trainer) -> None:
-        """``acquire()`` in the process that writes the run's files, global rank 0. The
-        launcher's environment says it too: a Trainer being built may not know its global
-        rank yet (Lightning's own launcher sets it as the run starts)."""
+        """``acquire()`` as ``trainer`` is built, in the process that will write the run's
+        files: global rank 0. A strategy that trains in processes it starts itself
+        (``ddp_spawn``, ``ddp_fork``) leaves it to ``setup`` in its rank-0 worker."""
+        if not isinstance(trainer.strategy.launcher, _MultiProcessingLauncher):
+            self._acquire_on_rank_zero(trainer)
+
+    def _acquire_on_rank_zero(self, trainer: pl.Trainer) -> None:
+        # The launcher's environment says the rank too: a Trainer being built may not
+        # know its global rank yet (Lightning's subprocess launcher sets it in fit).
         if trainer.is_global_zero and trainer.local_rank == 0 and trainer.node_rank == 0:
             self.acquire()
 
     def release(self) -> None:
-        """Give the lock up and remove the file (a no-op when not held)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
+        """Give the lock up, and remove the file once no object of this process holds it
+        (a no-op when not held)."""
+        held, self._held = self._held, None
+        if held is None or _HELD.get(held.path) is not held:
+            return  # never held, or inherited through a fork: the parent's to release
+        held.users -= 1
+        if held.users:
             return
+        del _HELD[held.path]
         try:
-            self.path.unlink(missing_ok=True)  # while still held: see acquire
+            # While still locked (see _lock_file), and only our own file: a directory
+            # removed and made again meanwhile holds another run's.
+            if os.path.samestat(os.fstat(held.fd), os.stat(held.path)):
+                held.path.unlink()
+        except FileNotFoundError:
+            pass
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)  # for forked children sharing the descriptor too
-            os.close(fd)
+            fcntl.flock(held.fd, fcntl.LOCK_UN)  # for forked children sharing it too
+            os.close(held.fd)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.acquire_for(trainer)
+            self._acquire_on_rank_zero(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -149,6 +181,43 @@ class RunDirectoryLock(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.release()  # Lightning calls no teardown hook after a failure
+
+
+def _lock_file(path: Path) -> int | None:
+    """A descriptor holding ``flock`` on ``path`` (created), which names this process;
+    None where the filesystem cannot lock (warned).
+
+    Raises:
+        RunDirectoryBusy: another process holds it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirectoryBusy(path.parent, holder) from None
+        except OSError as error:
+            os.close(fd)
+            warnings.warn(
+                f"cannot lock run directory {path.parent} ({error.strerror}): a second "
+                "run started into it would not be stopped",
+                stacklevel=3,
+            )
+            return None
+        # The holder before us removes the file as it releases: if it did so between our
+        # open and our flock, we locked a file nobody else will see. Again.
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            os.ftruncate(fd, 0)
+            os.write(fd, _holder_description().encode())
+            return fd
+        os.close(fd)
 
 
 def _holder_description() -> str:

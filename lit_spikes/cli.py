@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -133,6 +134,7 @@ class LitSpikesCLI(LightningCLI):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
                 callback.acquire_for(self.trainer)
+                remove_leftovers(callback.directory / CHECKPOINT_DIRNAME)  # now this run's
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -219,7 +221,6 @@ class LitSpikesCLI(LightningCLI):
             callbacks.append(RunDirectoryLock(root))  # taken in instantiate_classes
         if every and training:
             dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
-            remove_leftovers(dirpath)
             callbacks.append(PreemptionCheckpoint(dirpath))
             callbacks.append(step_checkpoint(dirpath, every))
             callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
@@ -247,10 +248,15 @@ def unwritable_directory(path: Path) -> str | None:
     """Why files cannot be written into ``path`` (None: they can), checked without
     creating it: a run refused later, for another reason, leaves no empty directory."""
     existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"cannot be created ({existing} is not a directory)"
+    try:
+        while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_symlink() and not existing.exists():
+            return f"cannot be created ({existing} is a dangling symbolic link)"
+        if not existing.is_dir():
+            return f"cannot be created ({existing} is not a directory)"
+    except OSError as error:  # a parent that may not be searched
+        return f"cannot be checked ({error.strerror}: {error.filename})"
     try:  # a directory that exists may still refuse files (read-only, someone else's)
         with tempfile.TemporaryFile(dir=existing):
             pass
@@ -307,14 +313,14 @@ def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdic
         for cb in getattr(cli.trainer, "callbacks", [])
         if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
     ]
-    if preempted:
+    if preempted and getattr(rank_zero_only, "rank", 0) == 0:  # once, not once per rank
         print(
             f"lit-spikes: resume with the same command and --ckpt_path "
             f"{preempted[0].saved_path} (or --ckpt_path latest)",
             file=sys.stderr,
         )
-        if args is None:  # in-process callers (tests) get the CLI object back
-            raise SystemExit(128 + int(preempted[0].received or 0))
+    if preempted and args is None:  # in-process callers (tests) get the CLI object back
+        raise SystemExit(128 + int(preempted[0].received or 0))
     # The console script does sys.exit(main()): anything but None would exit with 1.
     return cli if args is not None else None
 

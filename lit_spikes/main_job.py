@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
+from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.branches import BranchResult, BranchRunner, run_branch
 from lit_spikes.demos import (
     REFERENCE,
@@ -156,6 +159,18 @@ def run_main_job(
     if unknown or not demos:
         raise ValueError(f"demos={demos!r}: choose from 1, 2, 3")
     leader = getattr(rank_zero_only, "rank", 0) == 0  # set from the launcher's env
+    root_lock = RunDirectoryLock(setup.log_root)
+    if leader:  # before the files of a main job that may be running there are removed
+        root_lock.acquire()
+    try:
+        return _run_main_job(setup, demos, console, leader)
+    finally:
+        root_lock.release()
+
+
+def _run_main_job(
+    setup: DemoSetup, demos: tuple[int, ...], console: Console | None, leader: bool
+) -> MainJobResult:
     console = console or wide_console()
     if not leader:
         console = Console(quiet=True)
@@ -291,7 +306,11 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
         figures_dir=args.figures_dir,
         trainer_kwargs=trainer_kwargs,
     )
-    run_main_job(setup, demos)
+    try:
+        run_main_job(setup, demos)
+    except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
+        print(f"main job: error: {error}", file=sys.stderr)
+        raise SystemExit(os.EX_TEMPFAIL) from None
 
 
 if __name__ == "__main__":

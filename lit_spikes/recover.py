@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pickle
 import shutil
 import signal
@@ -58,9 +59,17 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import override
 
-from callbacks import BatchSkipper, LRScaler, PreemptionCheckpoint, SkipStep, SpikeDetector
+from callbacks import (
+    BatchSkipper,
+    LRScaler,
+    PreemptionCheckpoint,
+    RunDirectoryBusy,
+    SkipStep,
+    SpikeDetector,
+)
 from callbacks._common import module_history, trainer_callbacks
 from callbacks.rollback import RollbackRestore
+from callbacks.run_lock import LOCK_NAME, RunDirectoryLock
 from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint, wait_for_writes
 from lit_spikes.data import DataConfig, StepDataModule, data_config_from_dict, plain_config
 from lit_spikes.model import GPTConfig
@@ -734,15 +743,26 @@ class RecoveryLoop:
         self.path = self.root / LEDGER_NAME
         self.ledger = Ledger(config=config.to_dict())
         self._clock = time.perf_counter()
+        # The whole log root, before its ledger is read or anything in it removed: a second
+        # recover started into it would restart (delete) branches this one is training.
+        self.root_lock = RunDirectoryLock(self.root)
         try:
             self._on_leader(lambda: self._open(fresh))
         except BaseException:
-            self.ranks.close()
+            self.close()
             raise
 
+    def close(self) -> None:
+        """Release the log root and leave the process group (when done or failed)."""
+        self.root_lock.release()
+        self.ranks.close()
+
     def _open(self, fresh: bool) -> None:
-        if fresh and self.root.exists():
-            shutil.rmtree(self.root)
+        self.root_lock.acquire()
+        if fresh:
+            for entry in self.root.iterdir():
+                if entry.name != LOCK_NAME:  # the lock file stays: another recover waits on it
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         resumed = self.path.is_file()
         if resumed:
             self.ledger = read_ledger(self.root)
@@ -1409,7 +1429,7 @@ def recover(
     try:
         result = loop.run()
     finally:
-        loop.ranks.close()
+        loop.close()
     if console is not None:
         print_ledger(result.ledger, loop.console)  # quiet on every rank but 0
     return result
@@ -1614,6 +1634,10 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
         raise SystemExit(128 + stop.signum) from None
     except LedgerMismatch as error:
         parser.error(str(error))
+    except RunDirectoryBusy as error:
+        # Another recover (or fit) trains there: not a crash, a scheduler may retry later.
+        console.print(f"lit-spikes recover: error: {error}")
+        raise SystemExit(os.EX_TEMPFAIL) from None
 
 
 if __name__ == "__main__":

@@ -151,7 +151,6 @@ class RunSpec:
             )
         if self.progress_bar:
             callbacks = with_step_progress_bar(callbacks)
-        remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)
         logger = TensorBoardStepLogger(
             save_dir=str(self.log_root),
             name=self.name,
@@ -180,6 +179,7 @@ class RunSpec:
             kwargs["plugins"] = [checkpoint_io_for(kwargs)]
         trainer = pl.Trainer(**kwargs)
         lock.acquire_for(trainer)  # now: the logger writes a file before any setup hook runs
+        remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)  # the directory is this run's
         return trainer
 
 

@@ -3,6 +3,7 @@ well under a second per run, with the same code path as the demos."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import time
 import warnings
@@ -16,6 +17,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.run_lock import RunDirectoryLock
 from lit_spikes.checkpoints import CheckpointError, checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
@@ -199,3 +201,29 @@ def wait_for(
             pytest.fail(f"the process exited with {child.returncode} before {what}")
         time.sleep(0.01)
     pytest.fail(f"{what} did not happen within {timeout_s} s")
+
+
+def _hold_directory(directory: Path, ready: Any) -> None:
+    RunDirectoryLock(directory).acquire()
+    ready.set()
+    time.sleep(120)  # killed or terminated by the test
+
+
+@pytest.fixture
+def directory_holder() -> Any:
+    """Starts a process that holds a run directory's lock until the test ends it."""
+    context = multiprocessing.get_context("fork")
+    started = []
+
+    def start(directory: Path) -> Any:
+        ready = context.Event()
+        holder = context.Process(target=_hold_directory, args=(directory, ready))
+        holder.start()
+        started.append(holder)
+        assert ready.wait(timeout=30)
+        return holder
+
+    yield start
+    for holder in started:
+        holder.kill()
+        holder.join()

@@ -6,10 +6,12 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
+from callbacks import RunDirectoryBusy
 from lit_spikes.demos import DEMO_BRANCHES, DemoSetup, PalmCost, default_workers
 from lit_spikes.main_job import MainJobResult, run_main_job
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, tb_steps
@@ -256,3 +258,17 @@ def test_main_job_under_ddp_with_two_processes(tmp_path: Path) -> None:
     assert result.stdout.count("onset=28 ckpt=20") == 2  # both ranks: the same plan
     ledger = json.loads((tmp_path / "demo2" / "ledger.json").read_text())
     assert [row["batches_skipped"] for row in ledger] == [6, 6, 0, 0]
+
+
+def test_a_main_job_into_a_busy_log_root_removes_nothing(
+    tmp_path: Path, directory_holder: Any
+) -> None:
+    """Another main job there may be training: its runs must not be cleared away."""
+    setup = tiny_setup(tmp_path / "runs")
+    events = setup.log_root / "demo1" / "reference" / "events.out.tfevents.1.host.1.0"
+    events.parent.mkdir(parents=True)
+    events.write_bytes(b"")
+    holder = directory_holder(setup.log_root)
+    with pytest.raises(RunDirectoryBusy, match=rf"\(pid {holder.pid} on "):
+        run_main_job(setup, console=Console(quiet=True))
+    assert events.exists()

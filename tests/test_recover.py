@@ -17,7 +17,8 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 
-from callbacks import SpikeDetector
+from callbacks import RunDirectoryBusy, SpikeDetector
+from callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.cli import main as cli_main
 from lit_spikes.recover import (
@@ -395,6 +396,20 @@ def test_a_signal_mid_branch_resumes_it_from_its_own_checkpoint(
     assert (branch.restarts, branch.steps_repeated, branch.steps_trained) == (1, repeated, 22)
     resumed = [e for e in result.ledger.events if e["event"] == "branch_resume"]
     assert [(e["branch"], e["from_step"]) for e in resumed] == [("spike1/skip_data", resume_step)]
+
+
+def test_a_second_recover_into_a_busy_log_root_stops_before_touching_it(
+    tmp_path: Path, directory_holder: Any
+) -> None:
+    """Another recover there could be mid-branch: this one must not read, restart (delete)
+    or write anything of it; the console command exits 75 (EX_TEMPFAIL: retry later)."""
+    config = tiny_config(tmp_path / "busy")
+    holder = directory_holder(config.log_root)
+    with pytest.raises(RunDirectoryBusy, match=rf"\(pid {holder.pid} on "):
+        recover(config)
+    with pytest.raises(RunDirectoryBusy):
+        recover(config, fresh=True)
+    assert sorted(p.name for p in config.log_root.iterdir()) == [LOCK_NAME]
 
 
 def test_restart_with_other_arguments_is_refused(

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from lit_spikes.checkpoints import (
     wait_for_writes,
 )
 from lit_spikes.cli import main as cli_main
+from lit_spikes.cli import unwritable_directory
 from lit_spikes.training import checkpoint_path
 from tests.conftest import (
     TINY_CLI,
@@ -632,32 +634,6 @@ def test_checkpoint_beyond_the_run_and_too_long_rollback_are_refused(
 # ------------------------------------------------------------------ 10. one run per directory
 
 
-def _hold_directory(directory: Path, ready: Any) -> None:
-    RunDirectoryLock(directory).acquire()
-    ready.set()
-    time.sleep(120)  # killed or terminated by the test
-
-
-@pytest.fixture
-def directory_holder() -> Any:
-    """Starts a process that holds a run directory's lock until the test ends it."""
-    context = multiprocessing.get_context("fork")
-    started = []
-
-    def start(directory: Path) -> Any:
-        ready = context.Event()
-        holder = context.Process(target=_hold_directory, args=(directory, ready))
-        holder.start()
-        started.append(holder)
-        assert ready.wait(timeout=30)
-        return holder
-
-    yield start
-    for holder in started:
-        holder.kill()
-        holder.join()
-
-
 def test_a_second_run_into_a_busy_directory_stops_before_writing_anything(
     tmp_path: Path, directory_holder: Any
 ) -> None:
@@ -687,27 +663,103 @@ def test_lit_spikes_fit_into_a_busy_directory_exits_75_naming_the_holder(
     assert sorted(p.name for p in root.iterdir()) == [LOCK_NAME]  # no config.yaml either
 
 
+def _probe(directory: Path) -> str:
+    """What another process gets when it tries to lock ``directory``."""
+    code = f"from callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if "RunDirectoryBusy" in done.stderr:
+        return "busy"
+    return "free" if done.returncode == 0 else done.stderr
+
+
+def _hold_until_told(directory: Path, ready: Any, release_now: Any, released: Any) -> None:
+    lock = RunDirectoryLock(directory)
+    lock.acquire()
+    ready.set()
+    release_now.wait(timeout=60)
+    lock.release()
+    released.set()
+    time.sleep(120)
+
+
 def test_a_lock_whose_holder_released_it_between_open_and_flock_is_taken_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The releasing holder removes the file: a lock taken on the removed file is no lock."""
+    context = multiprocessing.get_context("fork")
+    ready, release_now, released = context.Event(), context.Event(), context.Event()
+    holder = context.Process(target=_hold_until_told, args=(tmp_path, ready, release_now, released))
+    holder.start()
+    try:
+        assert ready.wait(timeout=30)
+        real_flock, calls = fcntl.flock, []
+
+        def flock_after_release(fd: int, operation: int) -> None:
+            calls.append(operation)
+            if len(calls) == 1:  # opened the holder's file: it lets go right now
+                release_now.set()
+                assert released.wait(timeout=30)
+            real_flock(fd, operation)
+
+        monkeypatch.setattr(fcntl, "flock", flock_after_release)
+        lock = RunDirectoryLock(tmp_path)
+        lock.acquire()
+        monkeypatch.setattr(fcntl, "flock", real_flock)
+        assert lock.held and len(calls) == 2  # the removed file first, then a new one
+        assert _probe(tmp_path) == "busy"  # the file on disk is the one it holds
+        lock.release()
+    finally:
+        holder.kill()
+        holder.join()
+
+
+def test_a_run_never_removes_the_lock_file_of_another(
+    tmp_path: Path, directory_holder: Any
+) -> None:
+    """A run directory removed under a run (recover --fresh) and locked again by another."""
+    first = RunDirectoryLock(tmp_path / "run")
+    first.acquire()
+    shutil.rmtree(tmp_path / "run")
+    holder = directory_holder(tmp_path / "run")
+    first.release()
+    with pytest.raises(RunDirectoryBusy, match=rf"\(pid {holder.pid} on "):
+        RunDirectoryLock(tmp_path / "run").acquire()
+
+
+def test_locks_of_one_process_on_one_directory_share_it(tmp_path: Path) -> None:
+    """A run resumed in the same process, or a Trainer built and never fitted, goes on."""
     first, second = RunDirectoryLock(tmp_path), RunDirectoryLock(tmp_path)
     first.acquire()
-    real_flock, calls = fcntl.flock, []
-
-    def flock_after_release(fd: int, operation: int) -> None:
-        calls.append(operation)
-        if len(calls) == 1:  # the second's first attempt: the first lets go just before
-            monkeypatch.setattr(fcntl, "flock", real_flock)
-            first.release()
-        real_flock(fd, operation)
-
-    monkeypatch.setattr(fcntl, "flock", flock_after_release)
     second.acquire()
-    assert second.held and (tmp_path / LOCK_NAME).exists()
-    with pytest.raises(RunDirectoryBusy):  # the file on disk is the one second holds
-        RunDirectoryLock(tmp_path).acquire()
+    first.release()
+    assert second.held and _probe(tmp_path) == "busy"
     second.release()
+    assert not (tmp_path / LOCK_NAME).exists() and _probe(tmp_path) == "free"
+
+
+def test_a_copy_in_another_process_holds_nothing_and_releases_nothing(tmp_path: Path) -> None:
+    """A spawned DDP worker gets a pickled copy, a forked one the parent's memory: neither
+    may release the parent's lock (nor close what its descriptor number is there)."""
+    lock = RunDirectoryLock(tmp_path)
+    lock.acquire()
+    copy = pickle.loads(pickle.dumps(lock))
+    assert not copy.held
+    copy.release()
+    child = multiprocessing.get_context("fork").Process(target=lock.release)
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and lock.held and _probe(tmp_path) == "busy"
+    lock.release()
+    assert _probe(tmp_path) == "free"
+
+
+def test_a_dangling_symlink_root_is_refused_up_front(tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    assert unwritable_directory(link / "run") == (
+        f"cannot be created ({link} is a dangling symbolic link)"
+    )
+    assert unwritable_directory(tmp_path / "new" / "run") is None
 
 
 def test_leftovers_of_a_live_writer_are_kept_and_of_a_dead_one_removed(tmp_path: Path) -> None:
