@@ -761,8 +761,12 @@ class RecoveryLoop:
         self.root_lock.acquire()
         if fresh:
             for entry in self.root.iterdir():
-                if entry.name != LOCK_NAME:  # the lock file stays: another recover waits on it
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                if entry.name == LOCK_NAME:  # stays: another recover would find it locked
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         resumed = self.path.is_file()
         if resumed:
             self.ledger = read_ledger(self.root)
