@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -227,3 +228,12 @@ def directory_holder() -> Any:
     for holder in started:
         holder.kill()
         holder.join()
+
+
+def lock_probe(directory: Path) -> str:
+    """What another process gets when it tries to lock ``directory``."""
+    code = f"from callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    if "RunDirectoryBusy" in done.stderr:
+        return "busy"
+    return "free" if done.returncode == 0 else done.stderr

@@ -24,6 +24,7 @@ from lit_spikes.cli import main as cli_main
 from lit_spikes.recover import (
     ACCEPTED_RUN,
     HISTORY_NAME,
+    LEDGER_NAME,
     BranchRecord,
     RecoverConfig,
     RecoverResult,
@@ -38,6 +39,7 @@ from tests.conftest import (
     TINY_OPTIM,
     assert_states_equal,
     load_ckpt,
+    lock_probe,
     tb_scalars,
     wait_for,
 )
@@ -526,3 +528,17 @@ def test_recover_on_the_default_reference_config(tmp_path: Path) -> None:
     assert ledger.totals.steps_trained == sum(trained.values())
     assert ledger.totals.steps_recomputed == ledger.totals.steps_trained - 400
     assert ledger.totals.batches_skipped == int(lineage[-1]["position"]) - 399
+
+
+def test_fresh_clears_the_log_root_but_keeps_it_locked(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path / "fresh")
+    (config.log_root / "spike9" / "checkpoints").mkdir(parents=True)
+    (config.log_root / LEDGER_NAME).write_text('{"stale": true}')
+    loop = RecoveryLoop(config, fresh=True)
+    try:
+        assert not (config.log_root / "spike9").exists()
+        assert "stale" not in (config.log_root / LEDGER_NAME).read_text()
+        assert lock_probe(config.log_root) == "busy"  # held all along
+    finally:
+        loop.close()
+    assert lock_probe(config.log_root) == "free"

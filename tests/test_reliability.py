@@ -52,6 +52,7 @@ from tests.conftest import (
     TINY_OPTIM,
     fit,
     load_ckpt,
+    lock_probe,
     tb_scalars,
 )
 
@@ -663,15 +664,6 @@ def test_lit_spikes_fit_into_a_busy_directory_exits_75_naming_the_holder(
     assert sorted(p.name for p in root.iterdir()) == [LOCK_NAME]  # no config.yaml either
 
 
-def _probe(directory: Path) -> str:
-    """What another process gets when it tries to lock ``directory``."""
-    code = f"from callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    if "RunDirectoryBusy" in done.stderr:
-        return "busy"
-    return "free" if done.returncode == 0 else done.stderr
-
-
 def _hold_until_told(directory: Path, ready: Any, release_now: Any, released: Any) -> None:
     lock = RunDirectoryLock(directory)
     lock.acquire()
@@ -706,7 +698,7 @@ def test_a_lock_whose_holder_released_it_between_open_and_flock_is_taken_again(
         lock.acquire()
         monkeypatch.setattr(fcntl, "flock", real_flock)
         assert lock.held and len(calls) == 2  # the removed file first, then a new one
-        assert _probe(tmp_path) == "busy"  # the file on disk is the one it holds
+        assert lock_probe(tmp_path) == "busy"  # the file on disk is the one it holds
         lock.release()
     finally:
         holder.kill()
@@ -732,9 +724,9 @@ def test_locks_of_one_process_on_one_directory_share_it(tmp_path: Path) -> None:
     first.acquire()
     second.acquire()
     first.release()
-    assert second.held and _probe(tmp_path) == "busy"
+    assert second.held and lock_probe(tmp_path) == "busy"
     second.release()
-    assert not (tmp_path / LOCK_NAME).exists() and _probe(tmp_path) == "free"
+    assert not (tmp_path / LOCK_NAME).exists() and lock_probe(tmp_path) == "free"
 
 
 def test_a_copy_in_another_process_holds_nothing_and_releases_nothing(tmp_path: Path) -> None:
@@ -748,9 +740,9 @@ def test_a_copy_in_another_process_holds_nothing_and_releases_nothing(tmp_path: 
     child = multiprocessing.get_context("fork").Process(target=lock.release)
     child.start()
     child.join()
-    assert child.exitcode == 0 and lock.held and _probe(tmp_path) == "busy"
+    assert child.exitcode == 0 and lock.held and lock_probe(tmp_path) == "busy"
     lock.release()
-    assert _probe(tmp_path) == "free"
+    assert lock_probe(tmp_path) == "free"
 
 
 def test_a_dangling_symlink_root_is_refused_up_front(tmp_path: Path) -> None:
