@@ -123,7 +123,7 @@ class RunDirectoryLock(Callback):
         """
         if self.held:
             return
-        path = self.path.absolute()
+        path = self.directory.resolve() / LOCK_NAME  # one key however the path is spelled
         shared = _HELD.get(path)
         if shared is not None:
             shared.users += 1
