@@ -2,8 +2,9 @@
 
 1. Loop overhead: ms/step of the Lightning loop as the demos run it (TensorBoard logging
    every step, spike detector on, a checkpoint every 50 steps, progress bar off) against a
-   plain PyTorch loop on the same model, batches and thread count; interleaved pairs in
-   alternating order, medians, the median of the pair ratios.
+   plain PyTorch loop on the same model, batches and thread count, and of Lightning's loop
+   alone (every feature off: what Lightning itself costs); interleaved repeats in
+   alternating order, medians, the median of the ratios to each repeat's plain run.
 2. Main job against the seed's way: the training of `make demo` (reference + all branches
    of demos 1 and 2, in parallel workers from real checkpoints) against the same steps run
    serially by a plain loop branching from an in-memory snapshot; interleaved pairs, the
@@ -106,18 +107,21 @@ def time_plain(steps: int, warmup: int, compile_model: bool = False) -> tuple[fl
     return ms_per_step(starts, warmup), starts[0] - begin
 
 
-def time_lightning(steps: int, warmup: int, root: Path, checkpoint_every: int | None) -> float:
-    """ms/step of the Lightning loop as the demos run it, timed as ``time_plain``."""
+def time_lightning(
+    steps: int, warmup: int, root: Path, checkpoint_every: int | None, features: bool = True
+) -> float:
+    """ms/step of the Lightning loop as the demos run it, timed as ``time_plain``;
+    ``features=False``: Lightning's loop alone (no logger, checkpoints or callbacks)."""
     import lit_spikes.module as module_code
 
     spec = RunSpec(
         root,
         "bench",
         steps,
-        checkpoint_every=checkpoint_every,
-        callbacks=[SpikeDetector()],
+        checkpoint_every=checkpoint_every if features else None,
+        callbacks=[SpikeDetector()] if features else [],
         progress_bar=False,
-        trainer_kwargs={"limit_val_batches": 0},
+        trainer_kwargs={"limit_val_batches": 0} | ({} if features else {"logger": False}),
     )
     module = TinyGPTModule()
     with warnings.catch_warnings(), step_stamps(module_code) as starts:
@@ -444,7 +448,7 @@ def main() -> None:
         "--repeats",
         type=int,
         default=15,
-        help="part 1's interleaved pairs (parts 6 and 7 take at most 3)",
+        help="part 1's interleaved repeats (parts 6 and 7 take at most 3)",
     )
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
     parser.add_argument(
@@ -492,40 +496,53 @@ def main() -> None:
 
 
 def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float:
-    """Part 1; returns the plain loop's median ms/step."""
-    plain_ms, lightning_ms = [], []
+    """Part 1; returns the plain loop's median ms/step. Each repeat times the plain loop,
+    Lightning as the demos run it and Lightning's loop alone, in alternating order."""
+    runs: dict[str, list[float]] = {"plain": [], "demos": [], "alone": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(repeats):
-            root = Path(tmp) / str(repeat)
-            if repeat % 2:  # alternate which goes first: a drift of the VM favours neither
-                lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
-            plain_ms.append(time_plain(steps, warmup)[0])
-            if not repeat % 2:
-                lightning_ms.append(time_lightning(steps, warmup, root, DEMO_CHECKPOINT_EVERY))
-    p, lt = statistics.median(plain_ms), statistics.median(lightning_ms)
+            order = list(runs) if repeat % 2 == 0 else list(reversed(runs))
+            for kind in order:  # a drift of the VM favours none of them
+                root = Path(tmp) / f"{repeat}-{kind}"
+                if kind == "plain":
+                    runs[kind].append(time_plain(steps, warmup)[0])
+                else:
+                    every = DEMO_CHECKPOINT_EVERY
+                    runs[kind].append(time_lightning(steps, warmup, root, every, kind == "demos"))
+    medians = {kind: statistics.median(values) for kind, values in runs.items()}
     table = Table(
-        title=f"1. Loop overhead ({repeats} interleaved pairs in alternating order, medians)"
+        title=f"1. Loop overhead ({repeats} interleaved repeats in alternating order, medians)"
     )
     table.add_column("loop")
     table.add_column("ms/step", justify="right")
+    table.add_column("/ plain", justify="right")
     table.add_column("all repeats", justify="right")
-    table.add_row("plain PyTorch", f"{p:.1f}", " ".join(f"{v:.1f}" for v in plain_ms))
     saves = steps // DEMO_CHECKPOINT_EVERY - warmup // DEMO_CHECKPOINT_EVERY
-    table.add_row(
-        f"Lightning (TensorBoard every step, spike detector, checkpoint every "
-        f"{DEMO_CHECKPOINT_EVERY}: {saves} in the {steps - 1 - warmup} timed steps)",
-        f"{lt:.1f}",
-        " ".join(f"{v:.1f}" for v in lightning_ms),
-    )
+    labels = {
+        "plain": "plain PyTorch",
+        "demos": f"Lightning as the demos run it (TensorBoard every step, spike detector, "
+        f"checkpoint every {DEMO_CHECKPOINT_EVERY}: {saves} in the {steps - 1 - warmup} "
+        "timed steps)",
+        "alone": "Lightning's loop alone (no logger, checkpoints or callbacks)",
+    }
+    # Each repeat takes its runs seconds apart; the median of the ratios to the plain run
+    # of the same repeat is robust to this VM's drift over a minute.
+    ratios = {
+        kind: statistics.median(b / a for a, b in zip(runs["plain"], values, strict=True))
+        for kind, values in runs.items()
+    }
+    for kind, values in runs.items():
+        ratio = "" if kind == "plain" else f"{ratios[kind]:.3f}"
+        table.add_row(
+            labels[kind], f"{medians[kind]:.1f}", ratio, " ".join(f"{v:.1f}" for v in values)
+        )
     console.print(table)
-    # Each repeat pairs two runs taken seconds apart; the median of the pair ratios is
-    # robust to this VM's drift over a minute.
-    pair = statistics.median(b / a for a, b in zip(plain_ms, lightning_ms, strict=True))
     console.print(
-        f"Lightning / plain: [bold]{pair:.3f}[/bold] (median of paired ratios; "
-        f"ratio of medians {lt / p:.3f})"
+        f"Lightning as the demos run it / plain: [bold]{ratios['demos']:.3f}[/bold] (median "
+        f"of paired ratios; ratio of medians {medians['demos'] / medians['plain']:.3f}); "
+        f"Lightning's loop alone / plain: {ratios['alone']:.3f}"
     )
-    return p
+    return medians["plain"]
 
 
 def bench_main_job(console: Console, repeats: int) -> None:
