@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -211,8 +211,9 @@ def _hold_directory(directory: Path, ready: Any) -> None:
 
 
 @pytest.fixture
-def directory_holder() -> Any:
-    """Starts a process that holds a run directory's lock until the test ends it."""
+def directory_holder() -> Iterator[Callable[[Path], Any]]:
+    """Starts a process that holds a run directory's lock until the test ends it; returns
+    the process (``.pid`` is what the other run's error names)."""
     context = multiprocessing.get_context("fork")
     started = []
 
