@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from lit_spikes.checkpoints import wait_for_writes
@@ -31,7 +32,9 @@ class PreemptionCheckpoint(Callback):
     nothing: resuming from that file continues bit-exactly.
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
-    training runs, and the previous handlers come back at the end.
+    training runs, and the previous handlers come back at the end. Python installs signal
+    handlers from the main thread only: a ``fit`` run in another thread trains on with a
+    warning that no signal will be caught (Lightning skips its own handlers there too).
 
     Args:
         dirpath: directory for the checkpoint (the run's ``checkpoints`` directory).
@@ -56,6 +59,13 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.received, self.saved_path = None, None
+        if threading.current_thread() is not threading.main_thread():
+            rank_zero_warn(
+                f"PreemptionCheckpoint: fit runs in thread {threading.current_thread().name!r}, "
+                "and Python catches signals in the main thread only: SIGTERM and SIGINT will "
+                "not write a checkpoint in this run. Call fit from the main thread for that."
+            )
+            return
         for signum in HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import replace
@@ -480,6 +481,31 @@ def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
     straight = fit(tmp_path, "straight", end, optim=optim)
     for key, value in straight.module.state_dict().items():
         assert torch.equal(value, resumed.module.state_dict()[key]), key
+
+
+def test_fit_off_the_main_thread_trains_on_without_signal_handlers(tmp_path: Path) -> None:
+    """Python installs signal handlers from the main thread only: a run started in
+    another thread (a GUI, a service, a benchmark) must train, not die in on_train_start."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    outcome: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            outcome["run"] = fit(tmp_path, "threaded", 4, checkpoint_every=2)
+        except BaseException as error:  # handed to the test's thread
+            outcome["error"] = error
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=train, name="trainer-thread")
+        thread.start()
+        thread.join(timeout=120)
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert outcome["run"].trainer.global_step == 4
+    assert (outcome["run"].spec.run_dir / "checkpoints" / "step=4.ckpt").is_file()
+    messages = [str(w.message) for w in caught]
+    assert any("'trainer-thread'" in m and "SIGTERM" in m for m in messages), messages
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 # ------------------------------------------------------------------ 6. retention
