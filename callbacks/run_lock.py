@@ -17,6 +17,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
+from lit_spikes.checkpoints import wait_for_writes
+
 LOCK_NAME = ".lit-spikes.lock"
 """The lock file in a run directory (no TensorBoard or checkpoint glob matches it)."""
 
@@ -180,7 +182,14 @@ class RunDirectoryLock(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self.release()  # Lightning calls no teardown hook after a failure
+        # Lightning calls no teardown hook after a failure, and waits for the background
+        # checkpoint write only after this hook: a run let in now could find the directory
+        # still changing (a step file landing after it chose where to resume). A failed
+        # write's error stays for the checkpoint plugin's teardown to report.
+        try:
+            wait_for_writes(keep_errors=True)
+        finally:
+            self.release()
 
 
 def _lock_file(path: Path) -> int | None:

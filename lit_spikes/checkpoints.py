@@ -223,8 +223,9 @@ class _BackgroundWriter:
             write = functools.partial(atomic_write, path, lambda handle: handle.write(data))
             self._pending.append((path, self._executor.submit(write)))
 
-    def wait(self) -> None:
-        """Block until every handed-over file is written.
+    def wait(self, keep_errors: bool = False) -> None:
+        """Block until every handed-over file is written; ``keep_errors``: leave a failed
+        write's error for the next caller.
 
         Raises:
             CheckpointWriteError: for the first write that failed (the others are waited for).
@@ -235,6 +236,8 @@ class _BackgroundWriter:
             return
         for _, future in pending:  # another thread waiting too returns no earlier
             future.exception()
+        if keep_errors:
+            return
         with self._lock:  # each error to one caller: the one that takes its entry
             mine = [entry for entry in pending if entry in self._pending]
             self._pending = [entry for entry in self._pending if entry not in pending]
@@ -247,14 +250,18 @@ class _BackgroundWriter:
 _WRITER = _BackgroundWriter()
 
 
-def wait_for_writes() -> None:
+def wait_for_writes(keep_errors: bool = False) -> None:
     """Block until every checkpoint file this process handed to the background writer is
     on disk. Every reader in this module calls it first.
+
+    Args:
+        keep_errors: raise nothing, and leave a failed write's error to the next call
+            that does (a caller that must only know the writing is over).
 
     Raises:
         CheckpointWriteError: a background write failed.
     """
-    _WRITER.wait()
+    _WRITER.wait(keep_errors)
 
 
 def serialize_checkpoint(checkpoint: dict[str, Any]) -> memoryview:

@@ -690,6 +690,40 @@ def test_lit_spikes_fit_into_a_busy_directory_exits_75_naming_the_holder(
     assert sorted(p.name for p in root.iterdir()) == [LOCK_NAME]  # no config.yaml either
 
 
+def test_a_failing_run_lets_go_of_its_directory_after_its_last_checkpoint_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning waits for the background checkpoint write only after on_exception: a run
+    let in before that could choose where to resume while a step file is still landing."""
+    real_write = checkpoints_module.atomic_write
+
+    def slow_write(path: Path, write: Any) -> None:
+        time.sleep(0.5)
+        real_write(path, write)
+
+    monkeypatch.setattr(checkpoints_module, "atomic_write", slow_write)
+    on_disk_at_release: list[list[str]] = []
+    real_release = RunDirectoryLock.release
+
+    def release(self: RunDirectoryLock) -> None:
+        if self.held:
+            files = (tmp_path / "failing" / "checkpoints").glob("*.ckpt")
+            on_disk_at_release.append(sorted(p.name for p in files))
+        real_release(self)
+
+    monkeypatch.setattr(RunDirectoryLock, "release", release)
+
+    class FailRightAfterASave(Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == EVERY:  # step=5.ckpt was handed to the writer
+                raise RuntimeError("failed right after a save")
+
+    with pytest.raises(RuntimeError, match="failed right after a save"):
+        fit(tmp_path, "failing", N, checkpoint_every=EVERY, callbacks=[FailRightAfterASave()])
+    assert on_disk_at_release == [[f"step={EVERY}.ckpt"]]
+    assert lock_probe(tmp_path / "failing") == "free"
+
+
 def _hold_until_told(directory: Path, ready: Any, release_now: Any, released: Any) -> None:
     lock = RunDirectoryLock(directory)
     lock.acquire()
