@@ -17,8 +17,10 @@ class CheckpointRetention(Callback):
     """Deletes old ``step=<k>.ckpt`` files in ``dirpath``, keeping:
 
     - the newest ``keep_last`` files;
-    - every file within ``rollback_distance`` steps behind the current step, and the
+    - every file within ``rollback_distance`` steps behind the last step trained, and the
       newest one at least that far behind (the file a rollback for a spike now would use);
+      after a step whose update was skipped for a non-finite loss or gradient, the newest
+      file written before it instead (rollbacks pass over every later one);
     - the file this run was resumed from.
 
     Pruning runs at the start of a step and at the end of training, so the checkpoint the
@@ -46,12 +48,24 @@ class CheckpointRetention(Callback):
         self.rollback_distance = rollback_distance
         self.deleted: list[Path] = []
 
-    def keep(self, files: list[tuple[int, Path]], step: int, resumed: Path | None) -> set[Path]:
-        """The files to keep at global step ``step`` (``files`` sorted by step)."""
+    def keep(
+        self,
+        files: list[tuple[int, Path]],
+        step: int,
+        resumed: Path | None,
+        first_nonfinite: int | None = None,
+    ) -> set[Path]:
+        """The files to keep at global step ``step`` (``files`` sorted by step), after a
+        skipped non-finite update at step ``first_nonfinite`` if any."""
         kept = {path for _, path in files[-self.keep_last :]}
-        horizon = step - self.rollback_distance
+        # At global step g the last step trained is g - 1: a spike there rolls back to a
+        # file at or before g - 1 - distance (a spike in the coming step, to a later one).
+        horizon = step - 1 - self.rollback_distance
         kept |= {path for s, path in files if s > horizon}
-        behind = [path for s, path in files if s <= horizon]
+        # A file of step s holds the updates of steps 0..s-1: those after a non-finite
+        # step are refused as rollback targets (newest_valid_checkpoint).
+        target = horizon if first_nonfinite is None else min(horizon, first_nonfinite)
+        behind = [path for s, path in files if s <= target]
         if behind:
             kept.add(behind[-1])
         if resumed is not None:
@@ -64,7 +78,9 @@ class CheckpointRetention(Callback):
             return
         files = checkpoint_files(self.dirpath)
         resumed = Path(trainer.ckpt_path) if trainer.ckpt_path else None
-        kept = self.keep(files, trainer.global_step, resumed)
+        nonfinite = getattr(trainer.lightning_module, "nonfinite_steps", [])
+        first_nonfinite = min(nonfinite) if nonfinite else None
+        kept = self.keep(files, trainer.global_step, resumed, first_nonfinite)
         for _, path in files:
             if path not in kept:
                 path.unlink(missing_ok=True)

@@ -45,6 +45,7 @@ from lit_spikes.checkpoints import (
 )
 from lit_spikes.cli import main as cli_main
 from lit_spikes.cli import unwritable_directory
+from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import checkpoint_path
 from tests.conftest import (
     TINY_CLI,
@@ -531,6 +532,43 @@ def test_retention_keeps_what_a_rollback_or_resume_needs(tmp_path: Path) -> None
     assert all(load_checkpoint(directory / f"step={s}.ckpt") for s in left)
     with pytest.raises(ValueError, match="keep_last=0"):
         CheckpointRetention(directory, keep_last=0)
+
+
+@pytest.mark.parametrize(
+    ("nan_step", "target", "left"), [(None, 14, [14, 16, 18, 20]), (7, 6, [6, 16, 18, 20])]
+)
+def test_retention_keeps_the_file_a_rollback_from_the_last_step_needs(
+    tmp_path: Path, nan_step: int | None, target: int, left: list[int]
+) -> None:
+    """A spike in the last step trained (19 of 20) rolls back 4 steps: to a file at or
+    before step 15 (an even distance once missed it by one); after an update skipped for
+    a NaN at step 7, rollbacks refuse every later file, so the one before it must stay."""
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.conftest import NaNLossModule
+
+    directory = tmp_path / "run" / "checkpoints"
+    optim = replace(TINY_OPTIM, max_steps=30)
+    module = (
+        TinyGPTModule(gpt=TINY_GPT, optim=optim)
+        if nan_step is None
+        else NaNLossModule(gpt=TINY_GPT, optim=optim, nan_step=nan_step)
+    )
+    spec = RunSpec(
+        tmp_path,
+        "run",
+        20,
+        checkpoint_every=2,
+        callbacks=[CheckpointRetention(directory, keep_last=2, rollback_distance=4)],
+        progress_bar=False,
+        trainer_kwargs={"limit_val_batches": 0},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the NaN step's own warning
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+        rollback = RollbackRestore(directory, spike_step=19, distance=4)
+    assert rollback.ckpt_step == target
+    assert sorted(int(p.stem.split("=")[1]) for p in directory.glob("*.ckpt")) == left
 
 
 # ------------------------------------------------------------------ 7. malicious files
