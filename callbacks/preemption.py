@@ -10,7 +10,7 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
@@ -84,6 +84,16 @@ class PreemptionCheckpoint(Callback):
         trainer.save_checkpoint(path, weights_only=False)
         wait_for_writes()  # on disk before saying so, and before the process may be killed
         self.saved_path = path
+        for callback in trainer.checkpoint_callbacks:
+            # A ModelCheckpoint of this directory runs after this hook (Lightning puts them
+            # last): at a step of its interval it would write the same state again, as
+            # step=<k>-v1.ckpt, inside the signal's grace period. It skips a step it saved.
+            dirpath = getattr(callback, "dirpath", None)
+            same_directory = (
+                dirpath is not None and Path(dirpath).resolve() == self.dirpath.resolve()
+            )
+            if isinstance(callback, ModelCheckpoint) and same_directory:
+                callback._last_global_step_saved = trainer.global_step
         trainer.should_stop = True
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"
         # A warning, not info: scripts that quiet Lightning's info logs still show it.

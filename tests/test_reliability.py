@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 import lit_spikes.checkpoints as checkpoints_module
 from callbacks import (
     CheckpointRetention,
+    PreemptionCheckpoint,
     RollbackRestore,
     RunDirectoryBusy,
     RunDirectoryLock,
@@ -482,6 +483,23 @@ def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
     straight = fit(tmp_path, "straight", end, optim=optim)
     for key, value in straight.module.state_dict().items():
         assert torch.equal(value, resumed.module.state_dict()[key]), key
+
+
+def test_a_signal_at_a_step_of_the_interval_writes_that_step_once(tmp_path: Path) -> None:
+    """The preemption save and the regular ModelCheckpoint fall on one step: one file."""
+
+    class SignalAtStep10(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 10:  # as the handler does when SIGTERM arrives
+                preemption = next(
+                    c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)
+                )
+                preemption.received = signal.SIGTERM
+
+    run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAtStep10()])
+    assert run.trainer.global_step == 10
+    names = sorted(p.name for p in (run.spec.run_dir / "checkpoints").glob("*.ckpt"))
+    assert names == ["step=10.ckpt", "step=5.ckpt"]
 
 
 def test_fit_off_the_main_thread_trains_on_without_signal_handlers(tmp_path: Path) -> None:
