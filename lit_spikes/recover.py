@@ -553,7 +553,12 @@ class _SpikeGate(Callback):
     """Reads the detector's new spikes each step, after it. With ``mode="stop"`` a spike
     stops the Trainer at that step, unless ``SkipStep`` dropped that step's update (the
     spike never reached the weights); with ``mode="log"`` training goes on. Calls
-    ``on_accept(step)`` once the branch has trained step ``accept_after`` without a spike."""
+    ``on_accept(step)`` once the branch has trained step ``accept_after`` without a spike.
+
+    A branch resumed from its own checkpoint may find a spike of its own (at or after
+    ``start_step``) among the detector's restored ones: it was stopped there but ended
+    before the ledger heard of it (a signal in the spike's step, a kill after the
+    checkpoint). It stops at once, spiked there, as the uninterrupted branch did."""
 
     def __init__(
         self,
@@ -561,16 +566,30 @@ class _SpikeGate(Callback):
         mode: Literal["stop", "log"],
         accept_after: int | None,
         on_accept: Callable[[int], None],
+        start_step: int = 0,
     ) -> None:
         self.detector, self.mode = detector, mode
         self.accept_after, self.on_accept = accept_after, on_accept
+        self.start_step = start_step
         self.stop_spike: dict[str, Any] | None = None
         self.accepted = accept_after is None
         self._seen = 0
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._seen = len(self.detector.spikes)  # those restored from the checkpoint are old
+        restored = self.detector.spikes
+        self._seen = len(restored)  # from now on, only the spikes of the steps to come
+        if self.mode != "stop":
+            return
+        dropped = set(skip_stepped(trainer_callbacks(trainer)))
+        own = [s for s in restored if int(s["step"]) >= self.start_step]
+        own = [s for s in own if int(s["step"]) not in dropped]
+        if own:
+            datamodule = getattr(trainer, "datamodule", None)  # typed loosely by Lightning
+            assert isinstance(datamodule, StepDataModule)
+            step = int(own[0]["step"])
+            self.stop_spike = {**own[0], "position": datamodule.position_of_step(step)}
+            trainer.should_stop = True  # Lightning then trains no step
 
     @override
     def on_train_batch_end(
@@ -1105,7 +1124,7 @@ class RecoveryLoop:
         def accept(step: int) -> None:
             self.accept(record, step)
 
-        gate = _SpikeGate(detector, record.gate, record.accept_after, accept)
+        gate = _SpikeGate(detector, record.gate, record.accept_after, accept, record.start_step)
         if record.accepted_at is not None:
             gate.accepted = True
         history_log = _HistoryLog(run_dir / HISTORY_NAME, write=self.ranks.leader)

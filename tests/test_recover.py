@@ -29,6 +29,7 @@ from lit_spikes.recover import (
     RecoverConfig,
     RecoverResult,
     RecoveryLoop,
+    _Interrupted,
     read_history,
     read_ledger,
     recover,
@@ -337,6 +338,27 @@ class SignalSelf(Callback):
     def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.slow
+def test_a_signal_in_the_step_that_spikes_still_rolls_back(
+    tmp_path: Path, uninterrupted: RecoverResult
+) -> None:
+    """SIGTERM during step 28, the one that spikes: the branch checkpoints step 29 and
+    stops before the ledger hears of the spike. Run again, it must not go on from step
+    29 as if nothing happened (the restored detector holds the spike): it is spiked."""
+    config = tiny_config(tmp_path / "term")
+
+    def send(record: BranchRecord) -> list[Callback]:
+        return [SignalSelf(28, signal.SIGTERM)] if record.name == "base" else []
+
+    with pytest.raises(_Interrupted):
+        recover(config, extra_callbacks=send)
+    base = read_ledger(config.log_root).branch("base")
+    assert (base.status, base.spike) == ("running", None)
+    result = recover(config)  # the same arguments: continue
+    assert_same_outcome(result, uninterrupted)
+    assert result.ledger.branch("base").spike == uninterrupted.ledger.branch("base").spike
 
 
 def _signalled_worker(log_root: str, signal_name: str) -> None:
