@@ -206,7 +206,8 @@ class RecoverConfig:
         if self.val_every is not None and (self.val_every < 1 or steps % self.val_every):
             raise ValueError(
                 f"RecoverConfig.val_every={self.val_every} must be None or divide the run's "
-                f"{steps} steps (so every run ends validated)"
+                f"{steps} steps (so every run ends validated); None (--val-every 0) "
+                "validates at the end only"
             )
         if not 0 < self.lr_factor < 1:
             raise ValueError(f"RecoverConfig.lr_factor={self.lr_factor} must be in (0, 1)")
@@ -454,6 +455,14 @@ class LedgerMismatch(ValueError):
     """A ledger written with other arguments than this run's."""
 
 
+class LedgerUnreadable(ValueError):
+    """A ledger this version cannot read (another version, a damaged file)."""
+
+
+class NotALogRoot(ValueError):
+    """``--fresh`` asked to clear a directory that holds no recovery ledger."""
+
+
 class RankZeroStopped(RuntimeError):
     """Raised on the other ranks when rank 0 stopped the loop (an error or a signal):
     rank 0 reports it; the command exits 0 on the other ranks."""
@@ -464,17 +473,19 @@ def read_ledger(log_root: str | Path) -> Ledger:
 
     Raises:
         FileNotFoundError: there is none.
-        ValueError: it is not a ledger this version can read.
+        LedgerUnreadable: it is not a ledger this version can read.
     """
     path = Path(log_root) / LEDGER_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no recovery ledger at {path}")
     try:
         return Ledger.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError, KeyError) as error:
-        raise ValueError(
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as error:
+        raise LedgerUnreadable(
             f"ledger {path} is unreadable ({error}); start over with --fresh"
         ) from None
+    except ValueError as error:  # another version's (Ledger.from_dict says so)
+        raise LedgerUnreadable(f"ledger {path}: {error}") from None
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
@@ -779,6 +790,14 @@ class RecoveryLoop:
     def _open(self, fresh: bool) -> None:
         self.root_lock.acquire()
         if fresh:
+            others = sorted(e.name for e in self.root.iterdir() if e.name != LOCK_NAME)
+            if others and not self.path.is_file():
+                raise NotALogRoot(
+                    f"--fresh would delete everything in {self.root}, but it holds no "
+                    f"{LEDGER_NAME}: it is not a recovery log root ({len(others)} entries: "
+                    f"{', '.join(others[:5])}{', ...' if len(others) > 5 else ''}). Choose "
+                    "another --log-root, or empty this one yourself"
+                )
             for entry in self.root.iterdir():
                 if entry.name == LOCK_NAME:  # stays: another recover would find it locked
                     continue
@@ -1551,7 +1570,11 @@ def build_parser() -> argparse.ArgumentParser:
         "ledger (run it again with the same arguments after an interruption).",
     )
     add = parser.add_argument
-    add("--log-root", type=Path, default=defaults.log_root, help="runs, ledger, stitched run")
+    add(
+        "--log-root",
+        type=Path,
+        help=f"runs, ledger, stitched run (default: --config's log_root, else {defaults.log_root})",
+    )
     add(
         "--config",
         type=Path,
@@ -1565,7 +1588,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--qk-norm", action="store_true", default=None, help="train with QK-norm")
     add("--poison", type=int, nargs="+", help="plant bad batches at these data positions")
     add("--checkpoint-every", type=int, help=f"default {defaults.checkpoint_every}")
-    add("--val-every", type=int, help=f"default {defaults.val_every}")
+    add("--val-every", type=int, help=f"default {defaults.val_every}; 0: only at the end")
     add("--rollback-distance", type=int, help=f"default {defaults.rollback_distance}")
     add("--ladder", type=str, help=f"comma-separated remedies (default {','.join(REMEDIES)})")
     add("--skip-before", type=int, help=f"default {defaults.skip_before}")
@@ -1595,14 +1618,24 @@ def config_from_args(args: argparse.Namespace) -> RecoverConfig:
         ValueError: a bad value (named by the dataclass that refuses it).
         OSError: an unreadable ``--config`` file.
     """
-    # YAML (configs/recover.yaml); JSON is YAML too.
-    data: dict[str, Any] = yaml.safe_load(args.config.read_text()) or {} if args.config else {}
-    data["log_root"] = str(args.log_root)
+    data: dict[str, Any] = {}
+    if args.config:
+        try:  # YAML (configs/recover.yaml); JSON is YAML too
+            loaded = yaml.safe_load(args.config.read_text())
+        except yaml.YAMLError as error:
+            raise ValueError(f"--config {args.config} is not valid YAML: {error}") from None
+        if not isinstance(loaded, dict | None):
+            raise ValueError(
+                f"--config {args.config} holds a {type(loaded).__name__}, not a mapping of "
+                "settings (see configs/recover.yaml)"
+            )
+        data = loaded or {}
+    if args.log_root is not None:
+        data["log_root"] = str(args.log_root)
     flat = {
         "max_steps": args.steps,
         "model_seed": args.model_seed,
         "checkpoint_every": args.checkpoint_every,
-        "val_every": args.val_every,
         "rollback_distance": args.rollback_distance,
         "skip_before": args.skip_before,
         "skip_length": args.skip_length,
@@ -1619,6 +1652,8 @@ def config_from_args(args: argparse.Namespace) -> RecoverConfig:
         "strategy": args.strategy,
     }
     data.update({k: v for k, v in flat.items() if v is not None})
+    if args.val_every is not None:
+        data["val_every"] = args.val_every or None  # 0: only at the end
     if args.ladder is not None:
         data["ladder"] = [r.strip() for r in args.ladder.split(",") if r.strip()]
     for section, key, value in (
@@ -1642,6 +1677,8 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
         config = config_from_args(args)
     except (ValueError, TypeError, OSError) as error:
         parser.error(str(error))
+    if config.log_root.exists() and not config.log_root.is_dir():
+        parser.error(f"--log-root {config.log_root} is a file, not a directory")
     console = Console() if Console().is_terminal else Console(width=160)
     try:
         return recover(config, console, progress_bar=args.progress, fresh=args.fresh)
@@ -1655,7 +1692,7 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
             f"{config.log_root / LEDGER_NAME} says where: run the same command to continue."
         )
         raise SystemExit(128 + stop.signum) from None
-    except LedgerMismatch as error:
+    except (LedgerMismatch, LedgerUnreadable, NotALogRoot) as error:
         parser.error(str(error))
     except RunDirectoryBusy as error:
         # Another recover (or fit) trains there: not a crash, a scheduler may retry later.

@@ -131,6 +131,69 @@ def test_cli_recover_help_and_bad_values(capsys: pytest.CaptureFixture[str]) -> 
     assert "lr_factor=2.0 must be in (0, 1)" in capsys.readouterr().err
 
 
+def test_fresh_refuses_a_directory_that_is_no_log_root_and_deletes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--fresh clears a log root: pointed at another directory (a typo, `runs`, `.`), it
+    must not wipe it."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "important.txt").write_text("data")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--log-root", str(tmp_path), "--fresh"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--fresh would delete everything in {tmp_path}, but it holds no ledger.json" in err
+    assert "important.txt, sub" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["important.txt", "sub"]
+
+
+def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path: Path) -> None:
+    from lit_spikes.recover import build_parser, config_from_args
+
+    config_file = tmp_path / "recover.yaml"
+    config_file.write_text(f"log_root: {tmp_path / 'from_file'}\n")
+    parser = build_parser()
+    from_file = config_from_args(parser.parse_args(["--config", str(config_file)]))
+    assert from_file.log_root == tmp_path / "from_file"
+    flag = ["--config", str(config_file), "--log-root", str(tmp_path / "flag")]
+    assert config_from_args(parser.parse_args(flag)).log_root == tmp_path / "flag"
+    assert config_from_args(parser.parse_args([])).log_root == RecoverConfig().log_root
+    assert config_from_args(parser.parse_args(["--val-every", "0"])).val_every is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("yaml", "is not valid YAML"),
+        ("list", "holds a list, not a mapping of settings"),
+        ("ledger_version", "ledger version 2 is not 1"),
+        ("ledger_torn", "is unreadable"),
+        ("file_root", "is a file, not a directory"),
+    ],
+)
+def test_recover_bad_input_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setup: str, message: str
+) -> None:
+    config, root = tmp_path / "recover.yaml", tmp_path / "root"
+    config.write_text("max_steps: 20\nval_every: 10\n")
+    root.mkdir()
+    if setup == "yaml":
+        config.write_text("gpt: {n_layer: 2\n")
+    elif setup == "list":
+        config.write_text("- 1\n- 2\n")
+    elif setup == "ledger_version":
+        (root / LEDGER_NAME).write_text('{"version": 2}')
+    elif setup == "ledger_torn":
+        (root / LEDGER_NAME).write_text('{"version": 1, "config": {')
+    elif setup == "file_root":
+        root.rmdir()
+        root.write_text("not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--config", str(config), "--log-root", str(root)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ end to end
 
 
