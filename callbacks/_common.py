@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
@@ -37,3 +40,18 @@ def trainer_callbacks(trainer: pl.Trainer) -> list[Callback]:
     """The Trainer's callbacks (typed: Lightning sets the attribute dynamically)."""
     callbacks: list[Callback] = getattr(trainer, "callbacks", [])
     return callbacks
+
+
+def check_integer(name: str, value: Any, minimum: int) -> None:
+    """Refuse anything but an integer (a bool is none) of at least ``minimum``, naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def check_finite_above(name: str, value: Any, bound: float, why: str = "") -> float:
+    """``value`` as a float if it is a finite number above ``bound``; else a ValueError
+    naming it (``why`` appended)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > bound):
+        raise ValueError(f"{name}={value!r} must be a finite number > {bound:g}{why}")
+    return float(value)

@@ -8,6 +8,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from callbacks._common import check_finite_above, check_integer
+
 
 class LRScaler(Callback):
     """Multiplies the scheduled LR by ``factor`` from global step ``start_step`` on.
@@ -33,12 +35,12 @@ class LRScaler(Callback):
 
     def __init__(self, factor: float, start_step: int = 0, end_step: int | None = None) -> None:
         super().__init__()
-        if not factor > 0:
-            raise ValueError(f"factor={factor} must be > 0")
-        if start_step < 0:
-            raise ValueError(f"start_step={start_step} must be >= 0")
-        if end_step is not None and end_step <= start_step:
-            raise ValueError(f"end_step={end_step} must be > start_step={start_step}")
+        check_finite_above("factor", factor, 0.0)
+        check_integer("start_step", start_step, 0)
+        if end_step is not None:
+            check_integer("end_step", end_step, 0)
+            if end_step <= start_step:
+                raise ValueError(f"end_step={end_step} must be > start_step={start_step}")
         self.factor, self.start_step, self.end_step = factor, start_step, end_step
 
     @property

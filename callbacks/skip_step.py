@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import module_history
+from callbacks._common import check_finite_above, check_integer, module_history
 
 SKIP_METRICS = ("loss", "grad_norm")
 """What a ``SkipStep`` can judge a step by."""
@@ -78,20 +78,17 @@ class SkipStep(Callback):
         super().__init__()
         if metric not in SKIP_METRICS:
             raise ValueError(f"metric={metric!r} must be one of {SKIP_METRICS}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"window={window!r} must be an integer >= 2")
-        if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
-            raise ValueError(f"sigma={sigma!r} must be a finite number > 0")
+        check_integer("window", window, 2)
+        sigma = check_finite_above("sigma", sigma, 0.0)
         warmup = max(2, window // 2) if warmup is None else warmup  # std needs 2 values
         if isinstance(warmup, bool) or not isinstance(warmup, int) or not 2 <= warmup <= window:
             raise ValueError(f"warmup={warmup!r} must be an integer in [2, window={window}]")
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"start_step={start_step!r} must be an integer >= 0")
+        check_integer("start_step", start_step, 0)
         values = [float(v) for v in initial]
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             raise ValueError(f"initial={bad!r}: every initial value must be finite")
-        self.metric, self.window, self.sigma = metric, window, float(sigma)
+        self.metric, self.window, self.sigma = metric, window, sigma
         self.warmup, self.start_step = warmup, start_step
         self.values: deque[float] = deque(values[-window:], maxlen=window)
         self.skipped_steps: list[int] = []

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import step_record
+from callbacks._common import check_finite_above, check_integer, step_record
 
 MONITORABLE = ("loss", "max_logit", "grad_norm")
 """Per-step values TinyGPTModule records, and so what a detector can watch."""
@@ -97,22 +97,19 @@ class SpikeDetector(Callback):
         unknown = [m for m in metrics if m not in MONITORABLE]
         if not metrics or unknown:
             raise ValueError(f"metrics={metrics!r}: choose one or more of {MONITORABLE}")
-        if window < 2:
-            raise ValueError(f"window={window} must be >= 2")
-        if warmup < 0:
-            raise ValueError(f"warmup={warmup} must be >= 0")
+        check_integer("window", window, 2)
+        check_integer("warmup", warmup, 0)
         if ratio is None and z_score is None:
             raise ValueError("ratio=None and z_score=None: give at least one threshold")
-        if ratio is not None and not ratio > 1.0:
-            raise ValueError(f"ratio={ratio} must be > 1 (a spike is a rise)")
-        if z_score is not None and not z_score > 0:
-            raise ValueError(f"z_score={z_score} must be > 0")
+        if ratio is not None:
+            check_finite_above("ratio", ratio, 1.0, " (a spike is a rise)")
+        if z_score is not None:
+            check_finite_above("z_score", z_score, 0.0)
         if mode not in ("any", "all"):
             raise ValueError(f"mode={mode!r} must be 'any' or 'all'")
         if action not in ("log", "stop"):
             raise ValueError(f"action={action!r} must be 'log' or 'stop'")
-        if min_step < 0:
-            raise ValueError(f"min_step={min_step} must be >= 0")
+        check_integer("min_step", min_step, 0)
         self.metrics, self.window, self.warmup = metrics, window, warmup
         self.ratio, self.z_score, self.mode = ratio, z_score, mode
         self.action, self.min_step = action, min_step

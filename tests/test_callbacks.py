@@ -12,7 +12,7 @@ import torch
 from callbacks import BatchSkipper, LRScaler, RollbackRestore, SpikeDetector
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import checkpoint_path
-from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt, tb_scalars
 
 N, K, EVERY = 20, 10, 5
 
@@ -24,12 +24,16 @@ N, K, EVERY = 20, 10, 5
     ("kwargs", "message"),
     [
         ({"metrics": ("loss", "perplexity")}, r"metrics=\('loss', 'perplexity'\)"),
-        ({"window": 1}, r"window=1 must be >= 2"),
+        ({"window": 1}, r"window=1 must be an integer >= 2"),
+        ({"window": 20.5}, r"window=20.5 must be an integer >= 2"),
         ({"ratio": None, "z_score": None}, r"ratio=None and z_score=None"),
-        ({"ratio": 0.9}, r"ratio=0.9 must be > 1"),
-        ({"z_score": -1.0}, r"z_score=-1.0 must be > 0"),
+        ({"ratio": 0.9}, r"ratio=0.9 must be a finite number > 1 \(a spike is a rise\)"),
+        ({"ratio": float("inf")}, r"ratio=inf must be a finite number > 1"),
+        ({"z_score": -1.0}, r"z_score=-1.0 must be a finite number > 0"),
+        ({"z_score": float("nan")}, r"z_score=nan must be a finite number > 0"),
         ({"action": "rollback"}, r"action='rollback' must be 'log' or 'stop'"),
-        ({"warmup": -3}, r"warmup=-3 must be >= 0"),
+        ({"warmup": -3}, r"warmup=-3 must be an integer >= 0"),
+        ({"min_step": True}, r"min_step=True must be an integer >= 0"),
     ],
 )
 def test_spike_detector_rejects_bad_arguments(kwargs: dict, message: str) -> None:
@@ -44,8 +48,14 @@ def test_remedy_callbacks_reject_bad_arguments(tmp_path: Path) -> None:
         BatchSkipper(positions=[-1])
     with pytest.raises(ValueError, match=r"at least one position"):
         BatchSkipper()
-    with pytest.raises(ValueError, match=r"factor=0 must be > 0"):
+    with pytest.raises(ValueError, match=r"factor=0 must be a finite number > 0"):
         LRScaler(factor=0)
+    with pytest.raises(ValueError, match=r"factor=inf must be a finite number > 0"):
+        LRScaler(factor=float("inf"))  # an infinite LR: NaN at the next step
+    with pytest.raises(ValueError, match=r"factor=True must be a finite number > 0"):
+        LRScaler(factor=True)
+    with pytest.raises(ValueError, match=r"start_step=2.5 must be an integer >= 0"):
+        LRScaler(factor=0.5, start_step=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"end_step=5 must be > start_step=5"):
         LRScaler(factor=0.5, start_step=5, end_step=5)
     with pytest.raises(ValueError, match=r"distance=-1"):
@@ -185,6 +195,10 @@ def test_batch_skipper_run_resumes_bit_exactly(tmp_path: Path) -> None:
     )
     positions = [r["position"] for r in reference.module.history]
     assert positions == [*range(12), *range(16, 24)]
+    # data/skipped counts the positions skipped up to each step's own batch, logged at
+    # that step (it once logged the next step's count)
+    skipped = tb_scalars(reference.spec.run_dir)["data/skipped"]
+    assert skipped == [(step, 0.0 if step < 12 else 4.0) for step in range(N)]
     resumed = fit(
         tmp_path,
         "resumed",
