@@ -17,8 +17,11 @@ class LRScaler(Callback):
     Applied in ``on_train_batch_start``, after the Trainer stepped the scheduler: the
     schedule itself is untouched (its state stays the uninterrupted one), only the LR of
     each step from ``start_step`` on is scaled, and ``lr`` is logged as applied. Its
-    arguments are its state: a resumed run keeps scaling only if it is given the same
-    ``LRScaler`` again, and one configured otherwise is refused.
+    settings are its state and name it in the checkpoint: a resumed run keeps scaling
+    only if it is given the same ``LRScaler`` again. One with other settings is another
+    callback (a new remedy from the resume on), and the checkpoint's scaling then ends
+    there, as Lightning's warning about a checkpointed callback state that no callback
+    takes says.
 
     Args:
         factor: multiplier of the scheduled LR (OPT lowered it, e.g. 0.5).
@@ -26,8 +29,9 @@ class LRScaler(Callback):
         end_step: first global step no longer scaled (None: to the end).
 
     Raises:
-        ValueError: a non-positive factor, a negative start, or an end not after the start;
-            on resume, a checkpoint written with another factor, start or end.
+        ValueError: a factor that is not a finite number > 0, a start that is not an
+            integer >= 0, or an end not after the start; on resume from a file written
+            before ``end_step`` existed (named by factor and start only), another end.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[LRScaler(factor=0.5, start_step=100)])
