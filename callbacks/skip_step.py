@@ -92,7 +92,6 @@ class SkipStep(Callback):
         self.warmup, self.start_step = warmup, start_step
         self.values: deque[float] = deque(values[-window:], maxlen=window)
         self.skipped_steps: list[int] = []
-        self._pending_norm: tuple[int, float] | None = None
 
     @property
     @override
@@ -151,6 +150,8 @@ class SkipStep(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         step = trainer.global_step
+        if step in getattr(pl_module, "nonfinite_steps", ()):
+            return  # its update is dropped already, and it has no gradient norm to judge
         value = self.global_value(trainer, self._local_value(trainer, pl_module))
         if not self.decide(step, value):
             return
@@ -158,25 +159,14 @@ class SkipStep(Callback):
         norm = float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
         for parameter in pl_module.parameters():
             parameter.grad = None
-        self._pending_norm = (step, norm)
         history = getattr(pl_module, "history", None)
         if history and int(history[-1]["step"]) == step:
+            # Now: the module, whose hook runs after the callbacks', finds no gradient and
+            # records nothing, and a SpikeDetector listed before this reads it at batch end.
             history[-1]["skipped"] = 1.0
+            history[-1]["grad_norm"] = norm
         for logger in trainer.loggers:  # straight to the loggers, at this step only
             logger.log_metrics({"skip_step/skipped": 1.0}, step=step)
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
-    ) -> None:
-        # The module measured the gradient norm after the drop (0); record the real one.
-        if self._pending_norm is None:
-            return
-        step, norm = self._pending_norm
-        self._pending_norm = None
-        history = getattr(pl_module, "history", None)
-        if history and int(history[-1]["step"]) == step:
-            history[-1]["grad_norm"] = norm
 
     @override
     def state_dict(self) -> dict[str, Any]:

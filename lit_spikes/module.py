@@ -357,14 +357,20 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norm = grad_norm(optimized_parameters(optimizer)).item()  # before the Trainer clips
-        if self.history and self.history[-1]["step"] == self.global_step:
-            self.history[-1]["grad_norm"] = norm
         if self.global_step in self.nonfinite_steps:
-            # A skipped loss under DDP: its zero gradients must not reach AdamW either.
+            # A skipped loss: no gradient (one process) or the zeros every rank needed for
+            # DDP's all-reduce, which must not reach AdamW either. No norm is recorded: a
+            # 0 would enter the spike detector's and SkipStep's reference windows.
             for parameter in self.parameters():
                 parameter.grad = None
-        elif not math.isfinite(norm):
+            return
+        parameters = optimized_parameters(optimizer)
+        if all(p.grad is None for p in parameters):
+            return  # a callback (SkipStep) dropped the update, and recorded the real norm
+        norm = grad_norm(parameters).item()  # before the Trainer clips
+        if self.history and self.history[-1]["step"] == self.global_step:
+            self.history[-1]["grad_norm"] = norm
+        if not math.isfinite(norm):
             # A finite loss with inf/NaN gradients: drop the gradients (zeroing them would
             # still let weight decay and momentum move the weights). Under DDP the
             # gradients were all-reduced, so every rank drops the same step.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from callbacks import SkipStep
+from callbacks import SkipStep, SpikeDetector
 from lit_spikes.training import checkpoint_path
 from tests.conftest import REPO, TINY_DATA, TINY_OPTIM, assert_states_equal, ddp_env, fit, load_ckpt
 
@@ -113,6 +113,47 @@ def test_a_skipped_step_leaves_weights_and_adamw_state_unchanged(tmp_path: Path)
 class FreshSkipStep(SkipStep):
     """Another state key, so a checkpoint's SkipStep state is never loaded into it: the
     negative control of the resume test (its window starts empty at the resume step)."""
+
+
+def test_a_detector_listed_before_skip_step_sees_the_skipped_steps_real_gradient_norm(
+    tmp_path: Path,
+) -> None:
+    """Callbacks' hooks run before the module's: the module must not record the 0 norm of
+    the dropped gradients over SkipStep's, nor a detector read it into its window."""
+    detector = SpikeDetector(metrics=("grad_norm",), window=30, warmup=0, ratio=1.4)
+    skip = SkipStep(metric="loss", window=4, sigma=0.1, warmup=2)
+    run = fit(tmp_path, "run", 12, callbacks=[detector, skip], data=replace(TINY_DATA, poison=(8,)))
+    assert skip.skipped_steps, "the poisoned batch is skipped"
+    norms = {int(r["step"]): r["grad_norm"] for r in run.module.history}
+    seen = list(detector._recent["grad_norm"])
+    for step in skip.skipped_steps:
+        assert norms[step] > 0 and seen[step] == norms[step]
+
+
+def test_a_non_finite_loss_leaves_no_gradient_norm_in_any_window(tmp_path: Path) -> None:
+    """No backward, no gradient: its norm is not 0, it is absent."""
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+    from tests.conftest import TINY_GPT, NaNLossModule
+
+    skip = SkipStep(metric="grad_norm", window=8, sigma=6.0, warmup=2)
+    detector = SpikeDetector(metrics=("grad_norm",), window=8, warmup=0)
+    spec = RunSpec(
+        tmp_path,
+        "nan",
+        8,
+        callbacks=[skip, detector],
+        progress_bar=False,
+        trainer_kwargs={"limit_val_batches": 0},
+    )
+    module = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, nan_step=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+    assert module.nonfinite_steps == [4]
+    assert "grad_norm" not in module.history[4]
+    assert len(skip.values) == len(detector._recent["grad_norm"]) == 7  # steps 0-3, 5-7
+    assert 0.0 not in skip.values and 0.0 not in detector._recent["grad_norm"]
 
 
 def test_resumed_skip_step_run_equals_its_uninterrupted_twin(tmp_path: Path) -> None:
