@@ -23,6 +23,8 @@ class RollbackRestore(Callback):
     Trainer, it checks at the start of training that the run
     really started from the chosen file, and records the rollback in its state
     (``spike_step``, ``distance``, ``ckpt_step``) so it is in every later checkpoint.
+    Resumed from such a checkpoint (the branch was stopped and goes on), it restores that
+    state instead: the rollback happened when the branch began, and is not chosen again.
 
     Args:
         dirpath: directory of ``step=<k>.ckpt`` files written by ``ModelCheckpoint``.
@@ -57,6 +59,8 @@ class RollbackRestore(Callback):
         self.dirpath, self.spike_step, self.distance = Path(dirpath), spike_step, distance
         self.refused: list[str] = []
         self._chosen: tuple[int, Path] | None = None
+        self._continued_from: int | None = None
+        """``ckpt_step`` of the rollback a checkpoint of this branch recorded."""
 
     def _choose(self) -> tuple[int, Path]:
         if self._chosen is None:
@@ -79,6 +83,8 @@ class RollbackRestore(Callback):
     @property
     def ckpt_step(self) -> int:
         """The global step of that checkpoint: the first step the branch trains."""
+        if self._continued_from is not None:
+            return self._continued_from
         return self._choose()[0]
 
     def fit(
@@ -94,6 +100,8 @@ class RollbackRestore(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._continued_from is not None:
+            return  # a checkpoint of this branch: it rolled back when it began
         # The Trainer knows its ckpt_path only once it restored it, after `setup`.
         started = trainer.ckpt_path
         if started is None or Path(started).resolve() != self.ckpt_path.resolve():
@@ -110,3 +118,8 @@ class RollbackRestore(Callback):
             "distance": self.distance,
             "ckpt_step": self.ckpt_step,
         }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Called only for a checkpoint holding this very rollback (same spike and distance).
+        self._continued_from = int(state_dict["ckpt_step"])
