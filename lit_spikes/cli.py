@@ -32,6 +32,7 @@ from callbacks.preemption import PreemptionCheckpoint
 from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
+    checkpoint_files,
     load_checkpoint,
     newest_valid_checkpoint,
     remove_leftovers,
@@ -147,7 +148,8 @@ class LitSpikesCLI(LightningCLI):
                 f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
                 "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest"
             )
-        if path == "latest":
+        latest = path == "latest"
+        if latest:
             directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
             try:
                 _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
@@ -155,13 +157,47 @@ class LitSpikesCLI(LightningCLI):
                 self.parser.error(f"--ckpt_path latest: {error}")
             config["ckpt_path"] = path = str(found)
         if not path:
+            if self.config.get("subcommand") == "fit":
+                self._refuse_mixed_histories(config, None, None)
             return
         try:
             checkpoint = load_checkpoint(path)
         except CheckpointError as error:
             self.parser.error(f"--ckpt_path: {error}")
         self._resume_step = int(checkpoint["global_step"])
+        if self.config.get("subcommand") == "fit" and not latest:
+            self._refuse_mixed_histories(config, path, self._resume_step)
         self._resume_with_checkpoint_settings(path, checkpoint)
+
+    def _refuse_mixed_histories(self, config: Any, path: str | None, step: int | None) -> None:
+        """A fit whose checkpoint directory holds another history's files would write its
+        own beside them (``step=<k>-v1.ckpt``, a second TensorBoard curve over the same
+        steps), and ``--ckpt_path latest`` would later find the other: refused, unless it
+        resumes that directory's run from its newest file (``latest`` always does)."""
+        root = config["trainer"]["default_root_dir"]
+        directory = Path(root) / CHECKPOINT_DIRNAME
+        try:
+            steps = [s for s, _ in checkpoint_files(directory)]
+        except FileNotFoundError:
+            return
+        if not steps:
+            return
+        held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
+        elsewhere = "or choose another --trainer.default_root_dir"
+        if path is None:
+            self.parser.error(
+                f"{held}; a new run there would mix its files and TensorBoard steps with "
+                f"that run's. Go on with it (--ckpt_path latest), {elsewhere}"
+            )
+        if Path(path).resolve().parent != directory.resolve():
+            self.parser.error(f"--ckpt_path {path} is not one of them: {held}; {elsewhere}")
+        later = [s for s in steps if step is not None and s > step]
+        if later:
+            self.parser.error(
+                f"--ckpt_path {path} is at step {step}, but {held}, later ones included: "
+                f"a run resumed there would mix two histories, and --ckpt_path latest would "
+                f"find the other one. Resume into another --trainer.default_root_dir"
+            )
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

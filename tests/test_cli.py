@@ -248,13 +248,40 @@ def test_a_run_ending_off_its_checkpoint_interval_leaves_its_last_step(tmp_path:
         load_ckpt(full / "checkpoints" / "step=20.ckpt"),
         load_ckpt(short / "checkpoints" / "step=20.ckpt"),
     )
-    # Shorter than the interval: still one file, beside (not over) another run's.
-    (tmp_path / "tiny" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "tiny" / "checkpoints" / "step=3.ckpt").write_bytes(b"another run's")
+    # Shorter than the interval: still one file.
     main([*args, "--trainer.default_root_dir", str(tmp_path / "tiny"), "--trainer.max_steps", "3"])
-    files = sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir())
-    assert files == ["step=3-v1.ckpt", "step=3.ckpt"]
-    assert (tmp_path / "tiny" / "checkpoints" / "step=3.ckpt").read_bytes() == b"another run's"
+    assert sorted(p.name for p in (tmp_path / "tiny" / "checkpoints").iterdir()) == ["step=3.ckpt"]
+
+
+def test_fit_refuses_to_mix_two_histories_in_one_checkpoint_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new run, or a resume from another directory or from an older file, into a
+    directory with a run's checkpoints would write beside them, and --ckpt_path latest
+    would later pick whichever step is highest: refused, nothing written."""
+    args = ["fit", *TINY_CLI, "--checkpoint_every", "5", "--trainer.enable_model_summary", "false"]
+    run, other = tmp_path / "run", tmp_path / "other"
+    main([*args, "--trainer.default_root_dir", str(run), "--trainer.max_steps", "10"])
+    main([*args, "--trainer.default_root_dir", str(other), "--trainer.max_steps", "5"])
+    capsys.readouterr()
+    before = sorted(p.name for p in run.rglob("*"))
+    own_older = str(run / "checkpoints" / "step=5.ckpt")
+    foreign = str(other / "checkpoints" / "step=5.ckpt")
+    for extra, message in [
+        ([], "a new run there would mix its files and TensorBoard steps"),
+        (["--ckpt_path", foreign], f"--ckpt_path {foreign} is not one of them"),
+        (["--ckpt_path", own_older], "is at step 5, but"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*args, "--trainer.default_root_dir", str(run), *extra])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{run / 'checkpoints'} holds the checkpoints of a run (step=5 to step=10)" in err
+        assert message in err
+        assert sorted(p.name for p in run.rglob("*")) == before
+    resumed = main([*args, "--trainer.default_root_dir", str(run), "--trainer.max_steps", "15",
+                    "--ckpt_path", str(run / "checkpoints" / "step=10.ckpt")])  # fmt: skip
+    assert resumed is not None and resumed.trainer.global_step == 15  # its own newest: fine
 
 
 def test_a_resume_keeps_explicit_settings_even_when_they_equal_the_defaults(
