@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,11 +52,24 @@ class BatchSkipper(Callback):
         self.skip = normalize_skip(expanded)
         if not self.skip:
             raise ValueError("BatchSkipper needs at least one position or range to skip")
+        # Named by the set it was given, all of it: load_state_dict may add a resumed
+        # run's positions to self.skip, and two skippers may share a first and a count.
+        configured = self.skip
+        digest = zlib.crc32(",".join(map(str, configured)).encode())
+        self._key = self._generate_state_key(
+            first=configured[0], count=len(configured), positions=f"{digest:08x}"
+        )
+        self._old_key = self._generate_state_key(first=configured[0], count=len(configured))
 
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(first=self.skip[0], count=len(self.skip))
+        return self._key
+
+    @property
+    @override
+    def _legacy_state_key(self) -> str:  # type: ignore[override]
+        return self._old_key  # files from before the digest joined the key
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

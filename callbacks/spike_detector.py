@@ -121,15 +121,33 @@ class SpikeDetector(Callback):
     @property
     @override
     def state_key(self) -> str:
-        # Lightning reads it for every hook of every step (to name a profiler section):
-        # formatting it each time cost about 0.07 ms a step, so it is kept per settings.
-        settings = (self.metrics, self.window, self.ratio, self.z_score)
+        # Every setting that makes two detectors judge differently (two of them may watch
+        # one run), but min_step: it only gates which flags count, and diagnose replays a
+        # run's detector from step 0. Lightning reads the key for every hook of every step
+        # (to name a profiler section): formatting it each time cost about 0.07 ms a step,
+        # so it is kept per settings.
+        settings = (
+            self.metrics, self.window, self.ratio, self.z_score, self.mode, self.warmup, self.action
+        )  # fmt: skip
         if self._state_key is None or self._state_key[0] != settings:
-            key = self._generate_state_key(
-                metrics=self.metrics, window=self.window, ratio=self.ratio, z_score=self.z_score
-            )
+            names = ("metrics", "window", "ratio", "z_score", "mode", "warmup", "action")
+            key = self._generate_state_key(**dict(zip(names, settings, strict=True)))
             self._state_key = (settings, key)
         return self._state_key[1]
+
+    @property
+    @override
+    def _legacy_state_key(self) -> str:  # type: ignore[override]
+        # Files written before mode, warmup and action joined the key: Lightning falls back.
+        return self._generate_state_key(
+            metrics=self.metrics, window=self.window, ratio=self.ratio, z_score=self.z_score
+        )
+
+    def state_in(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+        """This detector's state in ``checkpoint`` (under either key), or None."""
+        states: dict[str, Any] = checkpoint.get("callbacks", {})
+        state = states.get(self.state_key, states.get(self._legacy_state_key))
+        return state
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -172,7 +172,7 @@ def _detector(config: DetectorConfig, checkpoint: dict[str, Any], steps: int) ->
     checkpoint holds a detector of the same settings; otherwise one whose warm-up fits
     in the ``steps`` replayed before the judged range."""
     detector = replace(config, min_step=0).build(0)
-    state = checkpoint.get("callbacks", {}).get(detector.state_key)
+    state = detector.state_in(checkpoint)
     if state is not None:
         detector.load_state_dict(state)
         detector.spikes = []
@@ -242,7 +242,7 @@ class _Replayer:
             )
         first = self.spike_step - self.config.window_before
         detector = _detector(self.config.detector, checkpoint, first - k)
-        continued = detector.state_key in checkpoint.get("callbacks", {})
+        continued = detector.state_in(checkpoint) is not None
         flagged = []
         for step in sorted(records):
             found = detector.check(step, records[step])

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import shutil
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from callbacks import BatchSkipper, LRScaler, RollbackRestore, SpikeDetector
+from callbacks import BatchSkipper, LRScaler, RollbackRestore, SkipStep, SpikeDetector
+from lit_spikes.checkpoints import atomic_torch_save
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt, tb_scalars
@@ -175,6 +178,35 @@ def test_spike_detector_state_round_trips_through_a_checkpoint(tmp_path: Path) -
     )
     assert restored.state_dict() == saved.state_dict()
     assert other.spikes == []
+    # A file written before mode, warmup and action joined the key: found under the old one.
+    legacy = load_ckpt(ckpt)
+    legacy["callbacks"] = {saved._legacy_state_key: legacy["callbacks"].pop(saved.state_key)}
+    old_file = tmp_path / "old.ckpt"
+    atomic_torch_save(legacy, old_file)
+    from_old = SpikeDetector(warmup=10, window=10, ratio=1.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning names the old key as not taken
+        fit(tmp_path, "old", 30, ckpt_path=old_file, callbacks=[from_old], data=data, optim=optim)
+    assert from_old.state_dict() == saved.state_dict()
+
+
+def test_callbacks_that_judge_or_skip_differently_can_share_a_trainer(tmp_path: Path) -> None:
+    """Each instance's state has its own key: two that differ in any setting that changes
+    what they do (here: only in action, start step, or the positions beyond the first and
+    the count) were once refused by Lightning as duplicates."""
+    pairs = [
+        (SpikeDetector(action="log"), SpikeDetector(action="stop", min_step=100)),
+        (SpikeDetector(mode="any", z_score=3.0), SpikeDetector(mode="all", z_score=3.0)),
+        (SkipStep(start_step=0), SkipStep(start_step=50)),
+        (BatchSkipper(positions=[10, 11, 12]), BatchSkipper(positions=[10, 20, 30])),
+    ]
+    for first, second in pairs:
+        assert first.state_key != second.state_key
+        run = fit(tmp_path, "pair", 2, checkpoint_every=2, callbacks=[first, second])
+        states = load_ckpt(checkpoint_path(run.spec.run_dir, 2))["callbacks"]
+        assert states[first.state_key] == first.state_dict()
+        assert states[second.state_key] == second.state_dict()
+        shutil.rmtree(run.spec.run_dir)
 
 
 def test_remedy_states_round_trip_through_a_checkpoint(tmp_path: Path) -> None:
@@ -408,8 +440,14 @@ def test_detector_state_key_follows_its_settings() -> None:
     """Kept between calls (Lightning reads it at every hook), yet never stale."""
     detector = SpikeDetector(window=20)
     expected = detector._generate_state_key(
-        metrics=("loss",), window=20, ratio=detector.ratio, z_score=detector.z_score
+        metrics=("loss",),
+        window=20,
+        ratio=detector.ratio,
+        z_score=detector.z_score,
+        mode="any",
+        warmup=detector.warmup,
+        action="log",
     )
     assert detector.state_key == expected == detector.state_key
-    detector.window = 30
-    assert "'window': 30" in detector.state_key
+    detector.window, detector.action = 30, "stop"
+    assert "'window': 30" in detector.state_key and "'action': 'stop'" in detector.state_key
