@@ -284,6 +284,28 @@ class _ValWindows(Dataset[Batch]):
         return {"x": self.x[index], "y": self.y[index]}
 
 
+def check_text_lengths(config: DataConfig, train_chars: int, val_chars: int) -> None:
+    """Raises ``ValueError`` when a row of ``config.block_size`` characters cannot be cut
+    from the training text (a random window needs ``block_size + 2``) or not one window
+    from the validation text (validation would log nothing, silently)."""
+    world, rows = config.world, config.block_size
+    problems = [
+        f"the {what} text has {chars} characters, fewer than DataConfig.block_size={rows} + "
+        f"{need - rows}"
+        for what, chars, need in (
+            ("training", train_chars, rows + 2),
+            ("validation", val_chars, rows + 1),
+        )
+        if chars < need
+    ]
+    if problems:
+        raise ValueError(
+            f"{'; '.join(problems)} (WorldConfig.num_chars={world.num_chars}, "
+            f"val_fraction={world.val_fraction}): raise num_chars or val_fraction, or lower "
+            "block_size"
+        )
+
+
 @functools.lru_cache(maxsize=4)
 def world_tokens(config: WorldConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids of a world's training and validation text. Built and encoded once per
@@ -325,7 +347,9 @@ class StepDataModule(pl.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         if self._train_tokens is None:
-            self._train_tokens, self._val_tokens = world_tokens(self.config.world)
+            train, val = world_tokens(self.config.world)
+            check_text_lengths(self.config, train.numel(), val.numel())
+            self._train_tokens, self._val_tokens = train, val
         if self.trainer is not None:  # before any process trains on a ragged shard
             check_shard(self.config.batch_size, self.trainer.global_rank, self.trainer.world_size)
 

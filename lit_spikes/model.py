@@ -47,8 +47,8 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout={self.dropout} must be in [0, 1)")
-        if self.init_std <= 0:
-            raise ValueError(f"GPTConfig.init_std={self.init_std} must be positive")
+        if not (math.isfinite(self.init_std) and self.init_std > 0):  # NaN passes "<= 0"
+            raise ValueError(f"GPTConfig.init_std={self.init_std} must be finite and positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

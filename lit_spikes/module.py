@@ -58,10 +58,13 @@ class OptimConfig:
     """Multiplies the whole schedule."""
 
     def __post_init__(self) -> None:
-        if not self.peak_lr > 0:
-            raise ValueError(f"OptimConfig.peak_lr={self.peak_lr} must be positive")
-        if self.weight_decay < 0:
-            raise ValueError(f"OptimConfig.weight_decay={self.weight_decay} must be >= 0")
+        # math.isfinite too: an inf or NaN passes "> 0", and every step then goes NaN.
+        if not (math.isfinite(self.peak_lr) and self.peak_lr > 0):
+            raise ValueError(f"OptimConfig.peak_lr={self.peak_lr} must be finite and positive")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(
+                f"OptimConfig.weight_decay={self.weight_decay} must be finite and >= 0"
+            )
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"OptimConfig.{name}={getattr(self, name)} must be in [0, 1)")
@@ -535,10 +538,15 @@ def check_training_setup(
     gpt: GPTConfig, datamodule: StepDataModule | None, accumulate_grad_batches: int = 1
 ) -> None:
     """Raises ``ValueError`` naming every part of a model, data and Trainer setup that
-    would fail at the first step: rows longer than the model's context, characters beyond
-    its vocabulary, gradient accumulation (the batch of global step k is one whole batch)."""
+    would fail at the first step: a text too short for a row, rows longer than the
+    model's context, characters beyond its vocabulary, gradient accumulation (the batch of
+    global step k is one whole batch)."""
     problems = []
     if datamodule is not None:
+        try:
+            datamodule.setup("fit")  # builds the text, checking that rows can be cut from it
+        except ValueError as error:
+            problems.append(str(error))
         rows, vocab = datamodule.config.block_size, datamodule.tokenizer.vocab_size
         if rows > gpt.block_size:
             problems.append(

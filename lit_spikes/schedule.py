@@ -33,8 +33,8 @@ class WarmupCosine:
             )
         if not 0.0 <= self.min_ratio <= 1.0:
             raise ValueError(f"min_ratio={self.min_ratio} must be in [0, 1]")
-        if self.scale <= 0:
-            raise ValueError(f"scale={self.scale} must be positive")
+        if not (math.isfinite(self.scale) and self.scale > 0):  # NaN passes "<= 0"
+            raise ValueError(f"scale={self.scale} must be finite and positive")
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:

@@ -4,10 +4,12 @@ pruning, malicious files, TensorBoard after resume, bad input."""
 from __future__ import annotations
 
 import fcntl
+import math
 import multiprocessing
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -669,6 +671,13 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         (["--model.gpt.block_size", "8"], "DataConfig.block_size=16 exceeds GPTConfig.block_"),
         (["--model.gpt.vocab_size", "10"], "vocab_size=10 is smaller than the 41 characters"),
         (["--trainer.accumulate_grad_batches", "2"], "Trainer(accumulate_grad_batches=2)"),
+        (
+            [
+                *("--model.gpt.block_size", "256", "--data.config.block_size", "256"),
+                *("--data.config.world.num_chars", "1000"),
+            ],
+            "characters, fewer than DataConfig.block_size=256 + 1",
+        ),
     ],
 )
 def test_bad_cli_input_fails_before_training_and_writes_nothing(
@@ -680,6 +689,28 @@ def test_bad_cli_input_fails_before_training_and_writes_nothing(
     assert exit_info.value.code != 0
     assert message in capsys.readouterr().err
     assert not root.exists()  # not even an empty directory
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: replace(TINY_OPTIM, peak_lr=math.inf), "peak_lr=inf must be finite and positive"),
+        (lambda: replace(TINY_OPTIM, lr_scale=math.nan), "scale=nan must be finite and positive"),
+        (lambda: replace(TINY_OPTIM, weight_decay=math.inf), "weight_decay=inf must be finite"),
+        (lambda: replace(TINY_GPT, init_std=math.nan), "init_std=nan must be finite and positive"),
+    ],
+)
+def test_configs_refuse_non_finite_numbers(build: Any, message: str) -> None:
+    """An inf or NaN passes a "> 0" check, and then every step of the run is NaN."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()
+
+
+def test_a_text_too_short_for_a_row_is_refused_before_any_step(tmp_path: Path) -> None:
+    """Not a torch.randint error inside the first step; nor a validation that logs nothing."""
+    short = replace(TINY_DATA, world=replace(TINY_DATA.world, num_chars=1000), block_size=256)
+    with pytest.raises(ValueError, match=r"the validation text has \d+ characters, fewer than"):
+        fit(tmp_path, "short", 3, gpt=replace(TINY_GPT, block_size=256), data=short)
 
 
 def test_a_setup_that_would_fail_at_its_first_step_is_refused_in_setup(tmp_path: Path) -> None:
