@@ -277,10 +277,12 @@ class TinyGPTModule(pl.LightningModule):
         self._loss_through_lightning = trainer.progress_bar_callback is not None or any(
             getattr(cb, "monitor", None) == "train/loss" for cb in callbacks
         )
-        # After the train loader's iterator exists and after any checkpoint restore.
-        if self._pending_rng is not None:
-            set_rng_states(self._pending_rng)
-            self._pending_rng = None
+        # After the train loader's iterator exists and after any checkpoint restore. RNG
+        # states read by load_from_checkpoint (weights for a new run, no ckpt_path) are not
+        # this run's: it starts from train_seed like any run at step 0.
+        pending, self._pending_rng = self._pending_rng, None
+        if pending is not None and trainer.ckpt_path is not None:
+            set_rng_states(pending)
         elif self.global_step == 0 or self._reseed:
             # Each rank its own stream (dropout masks differ across ranks), at step 0 and
             # for a rank the checkpoint holds no RNG state of (another world size).

@@ -186,6 +186,31 @@ def test_dropout_without_rng_restore_changes_the_weights(tmp_path: Path) -> None
     assert forgot.losses[K] != reference.losses[K]
 
 
+def test_a_warm_start_from_load_from_checkpoint_draws_from_its_own_train_seed(
+    tmp_path: Path,
+) -> None:
+    """Weights loaded for a new run (no ckpt_path) start a run at step 0: its dropout masks
+    come from train_seed, as for weights loaded with load_state_dict, not from the RNG
+    states the checkpoint carries."""
+    from lit_spikes.module import TinyGPTModule
+
+    gpt = replace(TINY_GPT, dropout=0.2)
+    ckpt = checkpoint_path(fit(tmp_path, "ref", K, checkpoint_every=K, gpt=gpt).spec.run_dir, K)
+
+    def warm_losses(module: TinyGPTModule, name: str) -> list[float]:
+        spec = RunSpec(
+            tmp_path, name, 3, progress_bar=False, trainer_kwargs={"limit_val_batches": 0}
+        )
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+        return [r["loss"] for r in module.history]
+
+    five = warm_losses(TinyGPTModule.load_from_checkpoint(ckpt, train_seed=5), "five")
+    six = warm_losses(TinyGPTModule.load_from_checkpoint(ckpt, train_seed=6), "six")
+    by_hand = TinyGPTModule(gpt=gpt, optim=TINY_OPTIM, train_seed=5)
+    by_hand.load_state_dict(load_ckpt(ckpt)["state_dict"])
+    assert five == warm_losses(by_hand, "by_hand") and five != six
+
+
 def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
     """The Trainer adds nothing to the numerics: same weights as a hand-written loop."""
     from lit_spikes.plain import evaluate_bpc, train_plain
