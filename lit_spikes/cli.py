@@ -17,7 +17,6 @@ import importlib
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from lit_spikes.training import (
     NoProfiler,
     checkpoint_io_for,
     step_checkpoint,
+    unwritable_directory,
 )
 
 if TYPE_CHECKING:
@@ -278,29 +278,6 @@ class LitSpikesCLI(LightningCLI):
         if trainer_config.get("profiler") is None:  # Lightning's default, cheaper
             trainer_config["profiler"] = NoProfiler()
         return self._instantiate_trainer(trainer_config, callbacks)
-
-
-def unwritable_directory(path: Path) -> str | None:
-    """Why files cannot be written into ``path`` (None: they can), checked without
-    creating it: a run refused later, for another reason, leaves no empty directory."""
-    existing = path
-    try:
-        while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
-            existing = existing.parent
-        if existing.is_symlink() and not existing.exists():
-            return f"cannot be created ({existing} is a dangling symbolic link)"
-        if not existing.is_dir():
-            return f"cannot be created ({existing} is not a directory)"
-    except OSError as error:  # a parent that may not be searched
-        return f"cannot be checked ({error.strerror}: {error.filename})"
-    try:  # a directory that exists may still refuse files (read-only, someone else's)
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        if existing == path:
-            return f"is not writable ({error.strerror})"
-        return f"cannot be created ({error.strerror} in {existing})"
-    return None
 
 
 DESCRIPTION = """lit-spikes: train a tiny GPT that resumes bit-exactly and survives loss spikes.

@@ -46,6 +46,7 @@ from lit_spikes.demos import (
     print_demo3,
 )
 from lit_spikes.tb import write_summary
+from lit_spikes.training import unwritable_directory
 
 
 @dataclass
@@ -72,10 +73,13 @@ def mirror_reference_logs(setup: DemoSetup) -> None:
         shutil.copy2(events, target / events.name)
 
 
-def clear_previous(setup: DemoSetup) -> None:
-    """A new main job replaces the previous one's runs: stale checkpoints and event files
-    would otherwise mix into this run's TensorBoard curves and rollback choices."""
-    for demo in ("demo1", "demo2"):
+def clear_previous(setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3)) -> None:
+    """A new main job replaces the previous one's runs of the demos it runs: stale
+    checkpoints and event files would otherwise mix into this run's TensorBoard curves and
+    rollback choices. The reference (in ``demo1``) is trained again by every demo; demo 2's
+    runs and ledger (which demo 3 reads) go only when demo 2 or 3 runs again."""
+    cleared = ["demo1"] + (["demo2"] if 2 in demos or 3 in demos else [])
+    for demo in cleared:
         shutil.rmtree(setup.log_root / demo, ignore_errors=True)
 
 
@@ -176,7 +180,7 @@ def _run_main_job(
         console = Console(quiet=True)
     start = time.perf_counter()
     if leader:
-        clear_previous(setup)
+        clear_previous(setup, demos)
     need_plan = 2 in demos or 3 in demos
     how = (
         f"one after the other across {setup.trainer_kwargs.get('devices')} processes"
@@ -295,6 +299,10 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers={args.workers} must be >= 1")
+    for flag, path in (("--log-root", args.log_root), ("--figures-dir", args.figures_dir)):
+        problem = unwritable_directory(path)  # now, not after the whole training
+        if problem is not None:
+            parser.error(f"{flag} {path} {problem}")
     if args.devices < 1:
         parser.error(f"--devices={args.devices} must be >= 1")
     trainer_kwargs: dict[str, Any] = {}

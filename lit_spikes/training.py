@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -194,3 +195,26 @@ def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:
     one_device = devices in (1, "1") or (isinstance(devices, list) and len(devices) == 1)
     one_process = one_device and trainer_kwargs.get("num_nodes", 1) == 1
     return AtomicCheckpointIO(background_writes=one_process)
+
+
+def unwritable_directory(path: Path) -> str | None:
+    """Why files cannot be written into ``path`` (None: they can), checked without
+    creating it: a run refused later, for another reason, leaves no empty directory."""
+    existing = path
+    try:
+        while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_symlink() and not existing.exists():
+            return f"cannot be created ({existing} is a dangling symbolic link)"
+        if not existing.is_dir():
+            return f"cannot be created ({existing} is not a directory)"
+    except OSError as error:  # a parent that may not be searched
+        return f"cannot be checked ({error.strerror}: {error.filename})"
+    try:  # a directory that exists may still refuse files (read-only, someone else's)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        if existing == path:
+            return f"is not writable ({error.strerror})"
+        return f"cannot be created ({error.strerror} in {existing})"
+    return None

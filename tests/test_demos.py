@@ -272,3 +272,43 @@ def test_a_main_job_into_a_busy_log_root_removes_nothing(
     with pytest.raises(RunDirectoryBusy, match=rf"\(pid {holder.pid} on "):
         run_main_job(setup, console=Console(quiet=True))
     assert events.exists()
+
+
+@pytest.mark.parametrize("flag", ["--log-root", "--figures-dir"])
+def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """Not a traceback, nor a FileExistsError after all the training with the last run's
+    results already cleared: a usage error naming the flag, and nothing touched."""
+    from lit_spikes.main_job import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    log_root = tmp_path / "runs"
+    kept = log_root / "demo2" / "ledger.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("[]")
+    args = {"--log-root": str(log_root), "--figures-dir": str(tmp_path / "figures")}
+    args[flag] = str(a_file / "sub")
+    with pytest.raises(SystemExit) as exit_info:
+        main([item for pair in args.items() for item in pair])
+    assert exit_info.value.code == 2
+    assert f"{flag} {a_file / 'sub'} cannot be created ({a_file} is not a directory)" in (
+        capsys.readouterr().err
+    )
+    assert kept.exists()
+
+
+def test_one_demo_run_again_keeps_the_other_demos_runs(tmp_path: Path) -> None:
+    """Demo 1 alone (scripts/demo_checkpoints.py) retrains the reference, but demo 2's runs
+    and the ledger demo 3 reads stay."""
+    from lit_spikes.main_job import clear_previous
+
+    setup = tiny_setup(tmp_path / "runs")
+    for demo in ("demo1", "demo2"):
+        (setup.log_root / demo / "reference").mkdir(parents=True)
+    clear_previous(setup, demos=(1,))
+    assert not (setup.log_root / "demo1").exists()
+    assert (setup.log_root / "demo2" / "reference").exists()
+    clear_previous(setup, demos=(3,))
+    assert not (setup.log_root / "demo2").exists()
