@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import warnings
@@ -36,6 +37,8 @@ from rich.progress import (
 )
 from typing_extensions import override
 
+from callbacks._common import trainer_callbacks
+from callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import checkpoint_step, wait_for_writes
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
@@ -72,6 +75,19 @@ class Branch:
     """Other ``pl.Trainer`` arguments, e.g. ``gradient_clip_val``."""
     label: str = ""
     """Human-readable row label for tables (defaults to ``name``)."""
+
+
+class BranchInterrupted(Exception):
+    """A signal (Ctrl-C, SIGTERM) stopped a branch: its ``PreemptionCheckpoint`` wrote a
+    checkpoint and Lightning returned early. The run is not complete, so nothing that
+    reads its results may go on (picklable: it comes back from a worker process)."""
+
+    def __init__(self, name: str, step: int, signum: int) -> None:
+        super().__init__(name, step, signum)
+        self.name, self.step, self.signum = name, step, signum
+
+    def __str__(self) -> str:
+        return f"{signal.Signals(self.signum).name} stopped run {self.name} after step {self.step}"
 
 
 @dataclass
@@ -181,6 +197,10 @@ def run_branch(
     with quiet:
         trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=branch.ckpt_path)
+    for callback in trainer_callbacks(trainer):
+        if isinstance(callback, PreemptionCheckpoint) and callback.saved_path is not None:
+            signum = int(callback.received or signal.SIGINT)
+            raise BranchInterrupted(branch.name, trainer.global_step, signum)
     bpc = trainer.callback_metrics.get("val/bpc")
     if trainer.is_global_zero and module.history:
         write_hparams(
@@ -367,6 +387,13 @@ class BranchRunner:
         trace: TracebackType | None,
     ) -> None:
         self._starter.join()  # before the pool shuts down
+        if error is not None:
+            # The pool's shutdown would wait for every running branch to train to its end:
+            # queued ones are dropped, running ones get SIGTERM (each writes its preemption
+            # checkpoint and stops at the next step; an idle worker just ends).
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                process.terminate()
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
 from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
-from lit_spikes.branches import BranchResult, BranchRunner, run_branch
+from lit_spikes.branches import BranchInterrupted, BranchResult, BranchRunner, run_branch
 from lit_spikes.demos import (
     REFERENCE,
     Demo1Report,
@@ -319,6 +319,9 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
+    except BranchInterrupted as stop:  # Ctrl-C or SIGTERM: no tables from cut-short runs
+        print(f"main job: {stop}; run it again to start over", file=sys.stderr)
+        raise SystemExit(128 + stop.signum) from None
 
 
 if __name__ == "__main__":

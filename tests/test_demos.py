@@ -312,3 +312,36 @@ def test_one_demo_run_again_keeps_the_other_demos_runs(tmp_path: Path) -> None:
     assert (setup.log_root / "demo2" / "reference").exists()
     clear_previous(setup, demos=(3,))
     assert not (setup.log_root / "demo2").exists()
+
+
+def test_a_signal_stops_the_main_job_with_no_tables_from_cut_short_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C at step 15 of the reference: it checkpoints and stops; the job must stop too
+    (it once went on, and failed for want of a spike the short run never reached), and
+    its workers must not train their branches to the end first."""
+    import signal
+    import time
+
+    from lightning.pytorch.callbacks import Callback
+
+    from lit_spikes.branches import BranchInterrupted
+
+    class CtrlCAtStep15(Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 15:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    real_reference = DemoSetup.reference
+
+    def reference(self: DemoSetup, **changes: Any) -> Any:
+        branch = real_reference(self, **changes)
+        return replace(branch, callbacks=[*branch.callbacks, CtrlCAtStep15()])
+
+    monkeypatch.setattr(DemoSetup, "reference", reference)
+    setup = tiny_setup(tmp_path / "runs")
+    start = time.perf_counter()
+    with pytest.raises(BranchInterrupted, match="SIGINT stopped run demo1/reference after step 16"):
+        run_main_job(setup, console=Console(quiet=True))
+    assert time.perf_counter() - start < 60
+    assert (setup.log_root / "demo1" / "reference" / "checkpoints" / "step=16.ckpt").is_file()
