@@ -64,3 +64,21 @@ def test_project_snapshot_never_changes_and_restores_twice_identically() -> None
         assert torch.equal(finals[0][name], finals[1][name]), name
     for name, value in frozen.items():
         assert torch.equal(snapshot.optimizer["state"][0][name], value)
+
+
+def test_a_plain_run_resumed_from_a_snapshot_equals_the_whole_run_with_dropout() -> None:
+    """Dropout masks come from the RNG: a snapshot keeps its states, so a resume draws the
+    masks the uninterrupted run drew, whatever the process's RNG did in between."""
+    from dataclasses import replace
+
+    from lit_spikes.plain import train_plain
+    from tests.conftest import TINY_DATA, TINY_OPTIM
+
+    gpt = replace(TINY_GPT, dropout=0.1)
+    whole = train_plain(gpt, TINY_OPTIM, TINY_DATA, 8, snapshot_at=4)
+    assert whole.snapshot is not None
+    torch.manual_seed(12345)  # whatever state the process is in by then
+    resumed = train_plain(gpt, TINY_OPTIM, TINY_DATA, 8, resume=whole.snapshot)
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in whole.history[4:]]
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
