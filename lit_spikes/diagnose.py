@@ -52,7 +52,7 @@ from lit_spikes.data import (
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
 from lit_spikes.recover import DetectorConfig
-from lit_spikes.training import RunSpec, quiet_branches
+from lit_spikes.training import RunSpec, quiet_branches, unwritable_directory
 
 Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
 
@@ -550,6 +550,14 @@ def main(argv: Sequence[str] | None = None) -> Verdict:
     """``lit-spikes diagnose``: prints the replays and the verdict."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Before the replays, not after them: where their runs and the verdict go.
+    if args.log_root is not None and (problem := unwritable_directory(args.log_root)):
+        parser.error(f"--log-root {args.log_root} {problem}")
+    if args.json is not None:
+        if args.json.is_dir():
+            parser.error(f"--json {args.json} is a directory: give a file name")
+        if problem := unwritable_directory(args.json.parent):
+            parser.error(f"--json {args.json}: its directory {problem}")
     try:
         config = DiagnoseConfig(args.window_before, args.window_after, args.horizon)
         data = data_from_args(args)
@@ -568,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> Verdict:
     console = Console() if Console().is_terminal else Console(width=140)
     print_verdict(verdict, console)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(verdict.to_dict(), indent=1) + "\n")
     return verdict
 

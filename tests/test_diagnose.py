@@ -140,6 +140,18 @@ def test_bad_arguments_name_what_is_wrong(
         cli_main(["diagnose", "--help"])
     assert exit_info.value.code == 0
     assert "--earlier-ckpt" in capsys.readouterr().out
+    # Output paths are checked before the replays, not after them
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for extra, message in [
+        (["--log-root", str(a_file)], f"--log-root {a_file} cannot be created ({a_file} is not"),
+        (["--json", str(tmp_path)], f"--json {tmp_path} is a directory: give a file name"),
+        (["--json", str(a_file / "v.json")], f"its directory cannot be created ({a_file} is"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(["diagnose", "--ckpt", str(ckpt), "--spike-step", "25", *extra])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
