@@ -57,12 +57,14 @@ class CheckpointWriteError(OSError):
         return type(self), (self.path, self.error)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a Lightning checkpoint with ``weights_only=True`` and check it can resume a run.
+def load_checkpoint(path: str | Path, *, weights_enough: bool = False) -> dict[str, Any]:
+    """Load a Lightning checkpoint with ``weights_only=True`` and check it can resume a run
+    (``weights_enough``: or evaluate a model: a weights-only file will do).
 
     Raises:
         CheckpointError: missing, empty, truncated, not a torch file, holding code
-            (pickled objects are never unpickled), or a weights-only checkpoint.
+            (pickled objects are never unpickled), or a weights-only checkpoint (unless
+            ``weights_enough``).
         CheckpointWriteError: a background write of this process failed (any file: the
             readers wait for every pending write first).
     """
@@ -96,9 +98,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict):
         raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")
     missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
-    if missing == ["optimizer_states", "lr_schedulers"] or (
+    weights_only = missing == ["optimizer_states", "lr_schedulers"] or (
         "state_dict" in checkpoint and "optimizer_states" in missing
-    ):
+    )
+    lightnings = missing == ["optimizer_states", "lr_schedulers"]  # save_checkpoint(weights_only)
+    if weights_enough and lightnings and "pytorch-lightning_version" in checkpoint:
+        return checkpoint
+    if weights_only:
         raise CheckpointError(
             path, "holds weights only (no optimizer state): it cannot resume a run bit-exactly"
         )
@@ -399,7 +405,9 @@ class AtomicCheckpointIO(CheckpointIO):
                 f"refusing to load {path} with weights_only=False: lit-spikes checkpoints hold "
                 "only plain data, and full unpickling runs whatever code a file carries"
             )
-        return load_checkpoint(path)
+        # A weights-only file passes here: validate and test need no more, and a fit is
+        # refused by the module's on_load_checkpoint, which knows the Trainer's stage.
+        return load_checkpoint(path, weights_enough=True)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

@@ -160,8 +160,10 @@ class LitSpikesCLI(LightningCLI):
             if self.config.get("subcommand") == "fit":
                 self._refuse_mixed_histories(config, None, None)
             return
-        try:
-            checkpoint = load_checkpoint(path)
+        try:  # validate and test need only the weights
+            checkpoint = load_checkpoint(
+                path, weights_enough=self.config.get("subcommand") != "fit"
+            )
         except CheckpointError as error:
             self.parser.error(f"--ckpt_path: {error}")
         self._resume_step = int(checkpoint["global_step"])

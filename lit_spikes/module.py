@@ -10,6 +10,7 @@ import math
 import random
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning
@@ -17,9 +18,11 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 import torchmetrics
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
+from lit_spikes.checkpoints import CheckpointError
 from lit_spikes.data import Batch, StepDataModule, config_differences
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
@@ -437,6 +440,16 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # What a resume needs beyond the weights: not for validate, test, or weights loaded
+        # with load_from_checkpoint (no Trainer), which a weights-only file serves too.
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and "optimizer_states" not in checkpoint:
+            raise CheckpointError(
+                Path(self.trainer.ckpt_path or "(unnamed)"),
+                "holds weights only (no optimizer state): it cannot resume a run bit-exactly; "
+                "validate or test with it, or start a new run from its weights "
+                "(TinyGPTModule.load_from_checkpoint)",
+            )
         entry = checkpoint.get(CHECKPOINT_KEY)
         if entry is None:
             raise ValueError(
@@ -456,7 +469,7 @@ class TinyGPTModule(pl.LightningModule):
         check_state_shapes(saved_state, current)
         for key, label in (("optimizer_states", "optimizers"), ("lr_schedulers", "schedulers")):
             count = len(checkpoint.get(key, []))
-            if count != 1:
+            if fitting and count != 1:
                 raise ValueError(
                     f"the checkpoint holds {count} {label}, TinyGPTModule configures 1: it was "
                     "written by another training setup and cannot be resumed here"

@@ -321,6 +321,32 @@ def test_bad_checkpoints_give_errors_naming_the_file_and_the_fault(tmp_path: Pat
         assert not (tmp_path / "resume" / "checkpoints").exists()
 
 
+def test_a_weights_only_file_serves_validation_but_not_a_resume(tmp_path: Path) -> None:
+    """Lightning's own save_checkpoint(weights_only=True): enough to evaluate a model or
+    start a new run from its weights, not to resume one bit-exactly."""
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+
+    run = fit(tmp_path, "ref", K, val_every=K)
+    weights, full = tmp_path / "weights.ckpt", checkpoint_path(run.spec.run_dir, K)
+    run.trainer.save_checkpoint(weights, weights_only=True)
+    run.trainer.save_checkpoint(full)
+    wait_for_writes()
+
+    def val_bpc(path: Path) -> float:
+        spec = RunSpec(tmp_path, f"val-{path.stem}", K, progress_bar=False)
+        module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+        results = spec.trainer().validate(module, StepDataModule(TINY_DATA), ckpt_path=path)
+        return float(results[0]["val/bpc"])
+
+    assert val_bpc(weights) == val_bpc(full)
+    loaded = TinyGPTModule.load_from_checkpoint(weights)
+    for key, value in run.module.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    with pytest.raises(CheckpointError, match=r"weights.ckpt: holds weights only"):
+        fit(tmp_path, "resume", N, ckpt_path=weights)
+
+
 def test_latest_resume_skips_invalid_files_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
