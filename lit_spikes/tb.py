@@ -232,8 +232,21 @@ def write_hparams(
 ) -> None:
     """Record a finished run's settings with its final validation bits/char, so the
     HPARAMS view lists the rows of a comparison side by side."""
+    run_dir = Path(run_dir)
+    before = set(run_dir.glob("events.out.tfevents.*"))
     with SummaryWriter(log_dir=str(run_dir)) as writer:
         writer.add_hparams(dict(params), {HPARAM_METRIC: val_bpc}, run_name=".", global_step=step)
+    # TensorBoard reads a run's event files in name order, and a run resumed into this
+    # directory starts its own file with a purge of the later steps it repeats: read
+    # after that, the final metric would be dropped. Files written in the same second
+    # differ only in a counter, which sorts as text ("...9" after "...10"): the hparams
+    # file takes the newest name with a suffix, so that it is read last.
+    if before:
+        newest = max(path.name for path in before)
+        written = sorted(set(run_dir.glob("events.out.tfevents.*")) - before)
+        for index, path in enumerate(written):
+            if path.name < newest:
+                path.rename(run_dir / f"{newest}.hparams{index}")
 
 
 def write_summary(demo_dir: Path, tables: Mapping[str, str]) -> Path:

@@ -174,3 +174,20 @@ def test_finalize_closes_the_file_even_after_a_failed_write(tmp_path: Path, stat
         with pytest.raises(RuntimeError, match="writing TensorBoard step events failed"):
             logger.finalize(status)
     assert logger._helper is None  # the thread was stopped either way
+
+
+def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_path: Path) -> None:
+    """TensorBoard reads a run's files in name order; a resumed run's file starts with a
+    purge of the steps it repeats. The hparams file, written last, must be read last,
+    even when its name would sort first (files of one second differ in a counter only,
+    compared as text: it once made the main job's hp/val_bpc vanish in tiny runs)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lit_spikes.tb import HPARAM_METRIC, write_hparams
+
+    with SummaryWriter(log_dir=str(tmp_path), purge_step=20) as resumed:  # purges >= 20
+        resumed.add_scalar("train/loss", 1.0, 20)
+    (purging,) = tmp_path.glob("events.out.tfevents.*")
+    purging.rename(tmp_path / "events.out.tfevents.9999999999.zz.1.9")  # sorts after any
+    write_hparams(tmp_path, {"row": "resumed"}, 1.25, step=39)
+    assert tb_scalars(tmp_path)[HPARAM_METRIC] == [(39, 1.25)]
