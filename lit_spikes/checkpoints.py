@@ -98,13 +98,11 @@ def load_checkpoint(path: str | Path, *, weights_enough: bool = False) -> dict[s
     if not isinstance(checkpoint, dict):
         raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")
     missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
-    weights_only = missing == ["optimizer_states", "lr_schedulers"] or (
-        "state_dict" in checkpoint and "optimizer_states" in missing
-    )
-    lightnings = missing == ["optimizer_states", "lr_schedulers"]  # save_checkpoint(weights_only)
-    if weights_enough and lightnings and "pytorch-lightning_version" in checkpoint:
+    # What Lightning's save_checkpoint(weights_only=True) leaves out, nothing else.
+    lightning_weights = missing == ["optimizer_states", "lr_schedulers"]
+    if weights_enough and lightning_weights and "pytorch-lightning_version" in checkpoint:
         return checkpoint
-    if weights_only:
+    if lightning_weights or ("state_dict" in checkpoint and "optimizer_states" in missing):
         raise CheckpointError(
             path, "holds weights only (no optimizer state): it cannot resume a run bit-exactly"
         )
