@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -65,6 +66,20 @@ class StepTimer(Callback):
 
     def on_train_end(self, *args: Any) -> None:
         self.starts.append(time.perf_counter())
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values``: the order statistics
+    ``k`` and ``n + 1 - k`` (1-based) with the largest ``k`` whose interval still covers
+    the median with at least ``confidence`` (Binomial(n, 1/2) tails). With fewer than 6
+    values no such interval exists: their range is returned."""
+    ordered, n = sorted(values), len(values)
+    best = 1
+    for k in range(1, n // 2 + 1):
+        tail = sum(math.comb(n, i) for i in range(k)) / 2**n  # P(fewer than k below)
+        if 1 - 2 * tail >= confidence:
+            best = k
+    return ordered[best - 1], ordered[n - best]
 
 
 def ms_per_step(starts: list[float], warmup: int) -> float:
@@ -447,7 +462,7 @@ def main() -> None:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=15,
+        default=30,
         help="part 1's interleaved repeats (parts 6 and 7 take at most 3)",
     )
     parser.add_argument("--skip-main-job", action="store_true", help="leave part 2 out")
@@ -527,10 +542,13 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     }
     # Each repeat takes its runs seconds apart; the median of the ratios to the plain run
     # of the same repeat is robust to this VM's drift over a minute.
-    ratios = {
-        kind: statistics.median(b / a for a, b in zip(runs["plain"], values, strict=True))
+    paired = {
+        kind: [b / a for a, b in zip(runs["plain"], values, strict=True)]
         for kind, values in runs.items()
     }
+    ratios = {kind: statistics.median(values) for kind, values in paired.items()}
+    # The VM's noise in one figure: repeats of the same loop scatter by a few %.
+    low, high = median_interval(paired["demos"])
     for kind, values in runs.items():
         ratio = "" if kind == "plain" else f"{ratios[kind]:.3f}"
         table.add_row(
@@ -539,8 +557,9 @@ def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float
     console.print(table)
     console.print(
         f"Lightning as the demos run it / plain: [bold]{ratios['demos']:.3f}[/bold] (median "
-        f"of paired ratios; ratio of medians {medians['demos'] / medians['plain']:.3f}); "
-        f"Lightning's loop alone / plain: {ratios['alone']:.3f}"
+        f"of paired ratios, 95% interval of that median {low:.3f}-{high:.3f}; ratio of "
+        f"medians {medians['demos'] / medians['plain']:.3f}); Lightning's loop alone / "
+        f"plain: {ratios['alone']:.3f}"
     )
     return medians["plain"]
 
