@@ -28,8 +28,10 @@ def rank_zero_warn_log(message: str) -> None:
 class PreemptionCheckpoint(Callback):
     """On SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) during training, sets a
     flag; at the next step boundary it writes ``<dirpath>/step=<k>.ckpt`` through the
-    Trainer's CheckpointIO and stops the Trainer cleanly. An interruption then costs
-    nothing: resuming from that file continues bit-exactly.
+    Trainer's CheckpointIO and stops the Trainer cleanly, at once: no validation after the
+    file (which Lightning runs when a callback stops it) and no steps to reach
+    ``min_steps``/``min_epochs``. An interruption then costs nothing: resuming from that
+    file continues bit-exactly.
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
     training runs, and the previous handlers come back at the end. Python installs signal
@@ -52,6 +54,7 @@ class PreemptionCheckpoint(Callback):
         self.received: int | None = None
         self.saved_path: Path | None = None
         self._previous: dict[int, Any] = {}
+        self._stop_overrides: dict[str, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
@@ -95,6 +98,7 @@ class PreemptionCheckpoint(Callback):
             if isinstance(callback, ModelCheckpoint) and same_directory:
                 callback._last_global_step_saved = trainer.global_step
         trainer.should_stop = True
+        self._stop_now(trainer)
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"
         # A warning, not info: scripts that quiet Lightning's info logs still show it.
         # How to resume is the caller's to say (lit-spikes fit, recover and a script differ).
@@ -103,17 +107,38 @@ class PreemptionCheckpoint(Callback):
             f"to {path}; a fit resumed from it continues bit-exactly."
         )
 
-    def _restore(self) -> None:
+    def _stop_now(self, trainer: pl.Trainer) -> None:
+        """Make ``should_stop`` stop at this step, with nothing more to run. Lightning
+        validates once more when a callback stops it (for an early-stopping monitor): here
+        that only spends the signal's grace period, after the checkpoint is written. And it
+        trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
+        (the resumed run still trains to them). Both settings come back at the end."""
+        fit_loop = trainer.fit_loop
+        self._stop_overrides = {
+            "limit_val_batches": trainer.limit_val_batches,
+            "min_steps": fit_loop.epoch_loop.min_steps,
+            "min_epochs": fit_loop.min_epochs,
+        }
+        trainer.limit_val_batches = 0
+        fit_loop.epoch_loop.min_steps = None
+        fit_loop.min_epochs = None
+
+    def _restore(self, trainer: pl.Trainer) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+        if self._stop_overrides:  # the Trainer as it was given, for a later validate/test
+            overrides, self._stop_overrides = self._stop_overrides, {}
+            trainer.limit_val_batches = overrides["limit_val_batches"]
+            trainer.fit_loop.epoch_loop.min_steps = overrides["min_steps"]
+            trainer.fit_loop.min_epochs = overrides["min_epochs"]
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore()
+        self._restore(trainer)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._restore()
+        self._restore(trainer)

@@ -513,21 +513,58 @@ def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
         assert torch.equal(value, resumed.module.state_dict()[key]), key
 
 
+class SignalAt(Callback):
+    """Sets the preemption flag after step ``step``, as the signal handler does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            preemption = next(c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint))
+            preemption.received = signal.SIGTERM
+
+
+class Validations(Callback):
+    def __init__(self) -> None:
+        self.at: list[int] = []
+
+    def on_validation_start(self, trainer: Any, *args: Any) -> None:
+        self.at.append(trainer.global_step)
+
+
 def test_a_signal_at_a_step_of_the_interval_writes_that_step_once(tmp_path: Path) -> None:
     """The preemption save and the regular ModelCheckpoint fall on one step: one file."""
-
-    class SignalAtStep10(Callback):
-        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            if trainer.global_step == 10:  # as the handler does when SIGTERM arrives
-                preemption = next(
-                    c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)
-                )
-                preemption.received = signal.SIGTERM
-
-    run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAtStep10()])
+    run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAt(10)])
     assert run.trainer.global_step == 10
     names = sorted(p.name for p in (run.spec.run_dir / "checkpoints").glob("*.ckpt"))
     assert names == ["step=10.ckpt", "step=5.ckpt"]
+
+
+def test_a_signal_stops_at_once_without_validating_or_training_to_min_steps(
+    tmp_path: Path,
+) -> None:
+    """Lightning validates once more when a callback stops it, and trains on to
+    min_steps: after a preemption's checkpoint both only spend the grace period."""
+    validations = Validations()
+    run = fit(
+        tmp_path,
+        "run",
+        N,
+        checkpoint_every=EVERY,
+        val_every=4,
+        callbacks=[SignalAt(7), validations],
+        min_steps=N,
+    )
+    assert run.trainer.global_step == 7
+    assert validations.at == [4]
+    assert sorted(p.name for p in (run.spec.run_dir / "checkpoints").glob("*.ckpt")) == [
+        "step=5.ckpt",
+        "step=7.ckpt",
+    ]
+    # The Trainer's settings come back for a later validate or test.
+    assert run.trainer.limit_val_batches == 1.0
+    assert run.trainer.fit_loop.min_steps == N
 
 
 def test_fit_off_the_main_thread_trains_on_without_signal_handlers(tmp_path: Path) -> None:
