@@ -3,6 +3,8 @@ checkpoints they need appear, each computing exactly what it computes alone."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,20 @@ def test_last_checkpoint_is_reported_without_a_validation_after_it(tmp_path: Pat
     sent.clear()
     run_branch(resumed, tmp_path, Queue())
     assert sent == [N]  # not step K: that file belongs to the run it resumed from
+
+
+@pytest.mark.slow
+def test_an_idle_worker_outlives_the_terminals_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process of the terminal's group. An idle worker must not die
+    of it (a KeyboardInterrupt traceback, and a pool broken for the branches after): the
+    main process decides what an interrupt stops."""
+    with BranchRunner(tmp_path, workers=1) as runner:
+        runner._starter.join()  # the worker is up and idle
+        (worker,) = runner._pool._processes.values()  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGINT)
+        worker.join(timeout=1)  # time for the signal to land: an ignored one keeps it alive
+        assert worker.is_alive()
+        runner.submit(tiny_branch("after"))
+        done = [name for kind, name, _ in runner.events() if kind == "done"]
+    assert done == ["after"]
+    assert runner.results["after"].state
