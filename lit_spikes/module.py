@@ -31,9 +31,9 @@ from lit_spikes.tb import TensorBoardStepLogger
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
 
-LOGGED_AS = {"max_logit": "train/max_logit", "position": "data/position"}
-"""TensorBoard tag of each per-step record key (``train/loss`` is logged by ``self.log``)."""
-STEP_SCALARS = ("max_logit", "lr", "grad_norm", "position")
+LOGGED_AS = {"loss": "train/loss", "max_logit": "train/max_logit", "position": "data/position"}
+"""TensorBoard tag of each per-step record key (the others are logged under their own)."""
+STEP_SCALARS = ("loss", "max_logit", "lr", "grad_norm", "position")
 
 CHECKPOINT_KEY = "lit_spikes"
 """Top-level key of the checkpoint entry this project adds (RNG states, fingerprint)."""
@@ -176,8 +176,12 @@ class BitsPerChar(torchmetrics.Metric):
 class TinyGPTModule(pl.LightningModule):
     """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
 
-    Logs every step ``train/loss``, ``train/max_logit``, ``lr``, ``grad_norm`` (before
-    any clipping) and ``data/position``; ``val/bpc`` whenever the Trainer validates. Each
+    Logs ``train/loss``, ``train/max_logit``, ``lr``, ``grad_norm`` (before any clipping)
+    and ``data/position`` at the steps the Trainer's ``log_every_n_steps`` says (every
+    step in this project's runs), in one ``log_metrics`` call per step to each logger;
+    ``val/bpc`` whenever the Trainer validates. ``train/loss`` also goes through
+    ``self.log`` (to the progress bar and ``trainer.callback_metrics``) when a progress bar
+    or a callback monitoring it is there: not otherwise, as it costs 0.6 ms a step. Each
     step is also appended to ``history`` (plain floats) for scripts and tests.
 
     The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
@@ -221,6 +225,8 @@ class TinyGPTModule(pl.LightningModule):
         self.optim_config = _as(OptimConfig, optim)
         if num_threads < 1:
             raise ValueError(f"num_threads={num_threads} must be >= 1")
+        if not 0 <= train_seed < 2**31:  # rank r seeds NumPy (< 2**32) with train_seed + r
+            raise ValueError(f"train_seed={train_seed} must be in [0, 2**31)")
         self.model_seed, self.train_seed, self.num_threads = model_seed, train_seed, num_threads
         self.flush_denormal = flush_denormal
         # Plain dicts only: the checkpoint must load with torch.load(weights_only=True).
@@ -239,6 +245,8 @@ class TinyGPTModule(pl.LightningModule):
         self.history: list[dict[str, float]] = []
         self._pending_rng: dict[str, Any] | None = None
         self._reseed = False
+        self._restored_for_fit = False
+        """Whether the fit now starting restored a checkpoint (its on_load_checkpoint ran)."""
         self._loss_through_lightning = True
         self.nonfinite_steps: list[int] = []
         """Steps whose loss or gradient was NaN/inf: their update was not applied."""
@@ -270,6 +278,7 @@ class TinyGPTModule(pl.LightningModule):
         )
         torch.set_num_threads(self.num_threads)
         set_flush_denormal(self.flush_denormal)
+        self._restored_for_fit = False  # before this fit's restore, if it has one
         if trainer.world_size > 1:
             destroy_process_group_at_exit()
 
@@ -280,11 +289,21 @@ class TinyGPTModule(pl.LightningModule):
         self._loss_through_lightning = trainer.progress_bar_callback is not None or any(
             getattr(cb, "monitor", None) == "train/loss" for cb in callbacks
         )
-        # After the train loader's iterator exists and after any checkpoint restore. RNG
-        # states read by load_from_checkpoint (weights for a new run, no ckpt_path) are not
-        # this run's: it starts from train_seed like any run at step 0.
+        # After the train loader's iterator exists and after any checkpoint restore.
+        if not self._restored_for_fit:
+            if self.global_step > 0:
+                raise RuntimeError(
+                    f"this Trainer already trained to step {self.global_step}: a second fit "
+                    "on it would go on with the data from there but restart the LR schedule "
+                    "and AdamW's moments (Lightning builds them anew). Resume with a new "
+                    "Trainer and fit(..., ckpt_path=<the checkpoint of that step>)"
+                )
+            # A new run, from weights loaded by load_from_checkpoint or of an earlier fit
+            # of this module: the RNG states and skipped steps read with them are not its
+            # own; it starts from train_seed like any run at step 0.
+            self._pending_rng, self.nonfinite_steps = None, []
         pending, self._pending_rng = self._pending_rng, None
-        if pending is not None and trainer.ckpt_path is not None:
+        if pending is not None:
             set_rng_states(pending)
         elif self.global_step == 0 or self._reseed:
             # Each rank its own stream (dropout masks differ across ranks), at step 0 and
@@ -343,7 +362,7 @@ class TinyGPTModule(pl.LightningModule):
         # go to the loggers in one call at the batch's end, and the loss goes through
         # self.log only where someone reads it there (a progress bar, a monitor).
         if self._loss_through_lightning:
-            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss, prog_bar=True, logger=False)
         self.history.append(
             {
                 "step": self.global_step,
@@ -389,11 +408,15 @@ class TinyGPTModule(pl.LightningModule):
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         record = self.history[-1]
+        step = int(record["step"])
+        every: int = getattr(self.trainer, "log_every_n_steps", 1)  # set on it, untyped
+        # Lightning's rule for what self.log sends: none at 0, else every n-th step and
+        # the one a callback stopped at
+        if not every or ((step + 1) % every and not self.trainer.should_stop):
+            return
         metrics = {LOGGED_AS.get(k, k): float(record[k]) for k in STEP_SCALARS if k in record}
-        if not self._loss_through_lightning:
-            metrics["train/loss"] = float(record["loss"])
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=int(record["step"]))
+            logger.log_metrics(metrics, step=step)
 
     @override
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -459,8 +482,9 @@ class TinyGPTModule(pl.LightningModule):
         saved = entry["fingerprint"]
         check_model_config(saved["model"], asdict(self.model_config))
         saved_optim = checkpoint.get("hyper_parameters", {}).get("optim")
-        if saved_optim is not None:
-            check_optim_config(dict(saved_optim), asdict(self.optim_config))
+        if fitting and saved_optim is not None:  # weights alone need no optimizer config
+            # load_from_checkpoint merges its keyword arguments in: an OptimConfig here
+            check_optim_config(asdict(_as(OptimConfig, saved_optim)), asdict(self.optim_config))
         current = self.state_dict()
         # Buffers derived from the config (the causal mask) that older files still hold:
         # the model drops them as it loads (its load_state_dict pre-hook).
@@ -474,6 +498,9 @@ class TinyGPTModule(pl.LightningModule):
                     f"the checkpoint holds {count} {label}, TinyGPTModule configures 1: it was "
                     "written by another training setup and cannot be resumed here"
                 )
+        if not fitting:
+            return  # the weights are all that validate, test or a new run take from it
+        self._restored_for_fit = True
         self.nonfinite_steps = list(entry.get("nonfinite_steps", []))
         here = self.fingerprint()
         # setup() applies both before training

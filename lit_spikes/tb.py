@@ -5,6 +5,7 @@ on one chart, and each demo's table as text."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import queue
 import threading
@@ -37,7 +38,9 @@ class TensorBoardStepLogger(TensorBoardLogger):
     backward waits about as long as the helper works, 0.07 ms per step's event (measured
     on the default model: +0.7 ms at a hand-over of 10 steps, +3.3 ms at one of 50). What
     the hand-over saves is waking a thread every step.
-    ``max_pending`` waiting steps and ``finalize`` hand them over too; ``save`` and
+    ``max_pending`` waiting steps, a step logged ``max_wait_s`` after the oldest waiting one
+    (so a module that never calls ``hand_over`` still shows as it trains, and a killed run
+    loses seconds of scalars at most) and ``finalize`` hand them over too; ``save`` and
     ``finalize`` wait until what was handed over is written (``save`` leaves waiting steps
     for the next hand-over). Values that are not scalars (a
     dict for ``add_scalars``) go through ``TensorBoardLogger`` at once, after the scalars
@@ -45,29 +48,39 @@ class TensorBoardStepLogger(TensorBoardLogger):
 
     Args:
         *args: ``TensorBoardLogger``'s (``save_dir``, ``name``, ...).
-        max_pending: hand the waiting steps over once this many wait (so that a run of
-            another module still shows in TensorBoard as it trains).
+        max_pending: hand the waiting steps over once this many wait.
+        max_wait_s: hand the waiting steps over when a step is logged this many seconds
+            after the oldest of them.
         hand_over_every: ``hand_over`` hands the waiting steps over once this many wait
             (waking the helper costs 0.02-0.05 ms on a VM: not every step).
         **kwargs: ``TensorBoardLogger``'s.
 
     Raises:
-        ValueError: ``max_pending`` or ``hand_over_every`` below 1.
+        ValueError: ``max_pending`` or ``hand_over_every`` below 1, or ``max_wait_s`` not
+            a positive number.
 
     Example:
         >>> trainer = pl.Trainer(logger=TensorBoardStepLogger("runs", name="mine", version=""))
     """
 
     def __init__(
-        self, *args: Any, max_pending: int = 100, hand_over_every: int = 10, **kwargs: Any
+        self,
+        *args: Any,
+        max_pending: int = 100,
+        hand_over_every: int = 10,
+        max_wait_s: float = 5.0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending} must be >= 1")
         if hand_over_every < 1:
             raise ValueError(f"hand_over_every={hand_over_every} must be >= 1")
+        if not (isinstance(max_wait_s, int | float) and 0 < max_wait_s < math.inf):
+            raise ValueError(f"max_wait_s={max_wait_s!r} must be a positive number of seconds")
         self.max_pending = max_pending
         self.hand_over_every = hand_over_every
+        self.max_wait_s = max_wait_s
         self._pending: list[_Scalars] = []
         self._helper: _EventWriter | None = None
 
@@ -91,8 +104,10 @@ class TensorBoardStepLogger(TensorBoardLogger):
             else:
                 others[key] = value
         if values:
-            self._pending.append((values, step, time.time()))
-            if len(self._pending) >= self.max_pending:
+            now = time.time()
+            self._pending.append((values, step, now))
+            pending = self._pending
+            if len(pending) >= self.max_pending or now - pending[0][2] >= self.max_wait_s:
                 self.write_pending()
         if others:
             self._wait_written()  # keep the file in step order

@@ -211,6 +211,63 @@ def test_a_warm_start_from_load_from_checkpoint_draws_from_its_own_train_seed(
     assert five == warm_losses(by_hand, "by_hand") and five != six
 
 
+def test_a_new_run_from_loaded_weights_skips_none_of_the_old_runs_nan_steps(
+    tmp_path: Path,
+) -> None:
+    """The steps a run skipped (NaN loss) are its own: a new run from its weights
+    (load_from_checkpoint, no ckpt_path) trains every step, as one from the same weights
+    loaded by hand does, and its checkpoints mark none."""
+    from lit_spikes.module import TinyGPTModule
+    from tests.conftest import NaNLossModule
+
+    with pytest.warns(UserWarning, match="non-finite loss at step 2"):
+        module = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, model_seed=0, nan_step=2)
+        spec = RunSpec(tmp_path, "nan", K, checkpoint_every=K, progress_bar=False)
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+    ckpt = checkpoint_path(spec.run_dir, K)
+    assert load_ckpt(ckpt)["lit_spikes"]["nonfinite_steps"] == [2]
+
+    def new_run(module: TinyGPTModule, name: str) -> TinyGPTModule:
+        spec = RunSpec(tmp_path, name, 4, checkpoint_every=4, progress_bar=False)
+        spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
+        assert load_ckpt(checkpoint_path(spec.run_dir, 4))["lit_spikes"]["nonfinite_steps"] == []
+        return module
+
+    loaded = new_run(TinyGPTModule.load_from_checkpoint(ckpt), "loaded")
+    by_hand = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+    by_hand.load_state_dict(load_ckpt(ckpt)["state_dict"])
+    new_run(by_hand, "by_hand")
+    assert loaded.nonfinite_steps == [] and "grad_norm" in loaded.history[2]
+    for key, value in by_hand.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+
+
+def test_a_second_fit_on_a_trainer_is_refused(tmp_path: Path) -> None:
+    """Lightning builds AdamW and the LR schedule anew for each fit while the Trainer's
+    step and the data go on: a second fit would train another run than the one asked for."""
+    run = fit(tmp_path, "run", K)
+    run.trainer.fit_loop.epoch_loop.max_steps = N  # to train on (at max_steps: nothing)
+    with pytest.raises(RuntimeError, match=r"already trained to step 10.*ckpt_path"):
+        run.trainer.fit(run.module, datamodule=StepDataModule(TINY_DATA))
+
+
+def test_load_from_checkpoint_and_validate_take_another_optimizer_config(
+    tmp_path: Path,
+) -> None:
+    """Weights need no optimizer: a new run's (fine-tuning) optimizer config, given to
+    load_from_checkpoint or to a module that only validates, is no resume's mismatch."""
+    from lit_spikes.module import TinyGPTModule
+
+    ckpt = checkpoint_path(fit(tmp_path, "ref", K, checkpoint_every=K).spec.run_dir, K)
+    other = replace(TINY_OPTIM, peak_lr=0.001)
+    loaded = TinyGPTModule.load_from_checkpoint(ckpt, optim=other)
+    assert loaded.optim_config == other
+    spec = RunSpec(tmp_path, "validate", K, progress_bar=False)
+    module = TinyGPTModule(gpt=TINY_GPT, optim=other)
+    results = spec.trainer().validate(module, datamodule=StepDataModule(TINY_DATA), ckpt_path=ckpt)
+    assert results[0]["val/bpc"] > 0
+
+
 def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
     """The Trainer adds nothing to the numerics: same weights as a hand-written loop."""
     from lit_spikes.plain import evaluate_bpc, train_plain

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +194,48 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
     purging.rename(tmp_path / "events.out.tfevents.9999999999.zz.1.9")  # sorts after any
     write_hparams(tmp_path, {"row": "resumed"}, 1.25, step=39)
     assert tb_scalars(tmp_path)[HPARAM_METRIC] == [(39, 1.25)]
+
+
+@pytest.mark.parametrize(("bar", "every"), [(True, 5), (False, 5), (True, 1), (False, 1)])
+def test_every_step_scalar_follows_log_every_n_steps_with_or_without_a_bar(
+    tmp_path: Path, bar: bool, every: int
+) -> None:
+    """train/loss with the others, at the steps Lightning logs self.log values: not every
+    50 steps with a progress bar and every step without one."""
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.module import TinyGPTModule
+    from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
+
+    trainer = pl.Trainer(
+        max_steps=12,
+        logger=TensorBoardStepLogger(str(tmp_path), name="run", version=""),
+        log_every_n_steps=every,
+        enable_progress_bar=bar,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM), datamodule=StepDataModule(TINY_DATA))
+    scalars = tb_scalars(tmp_path / "run")
+    expected = [step for step in range(12) if (step + 1) % every == 0]
+    for tag in ("train/loss", "train/max_logit", "lr", "grad_norm", "data/position"):
+        assert [step for step, _ in scalars[tag]] == expected, tag
+    assert ("train/loss" in trainer.callback_metrics) == bar  # self.log feeds a bar only
+
+
+def test_a_module_that_never_hands_over_still_shows_within_max_wait_s(tmp_path: Path) -> None:
+    """Another module logs through Lightning and never calls hand_over: its steps are
+    written once one is logged max_wait_s after the oldest waiting, not after 100 of them."""
+    logger = TensorBoardStepLogger(str(tmp_path), name="run", version="", max_wait_s=0.05)
+    logger.log_metrics({"loss": 0.0}, step=0)
+    logger.log_metrics({"loss": 1.0}, step=1)
+    logger.save()
+    assert tb_scalars(tmp_path / "run") == {}  # still waiting: no time has passed
+    time.sleep(0.06)
+    logger.log_metrics({"loss": 2.0}, step=2)
+    logger.save()
+    assert [s for s, _ in tb_scalars(tmp_path / "run")["loss"]] == [0, 1, 2]
+    logger.finalize("success")
+    for bad in (0, -1.0, math.inf, math.nan, "5"):
+        with pytest.raises(ValueError, match=re.escape(f"max_wait_s={bad!r} must be a positive")):
+            TensorBoardStepLogger(str(tmp_path), max_wait_s=bad)  # type: ignore[arg-type]
