@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -55,3 +56,13 @@ def check_finite_above(name: str, value: Any, bound: float, why: str = "") -> fl
     if not (number and math.isfinite(value) and value > bound):
         raise ValueError(f"{name}={value!r} must be a finite number > {bound:g}{why}")
     return float(value)
+
+
+def unused_checkpoint_path(dirpath: Path, step: int) -> Path:
+    """``<dirpath>/step=<step>.ckpt``, or ``step=<step>-v<n>.ckpt`` beside a file of that
+    name from another run into this directory, as ModelCheckpoint names it."""
+    path, version = dirpath / f"step={step}.ckpt", 0
+    while path.exists():
+        version += 1
+        path = dirpath / f"step={step}-v{version}.ckpt"
+    return path

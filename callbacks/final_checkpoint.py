@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import trainer_callbacks
+from callbacks._common import trainer_callbacks, unused_checkpoint_path
 from callbacks.preemption import PreemptionCheckpoint
 
 
@@ -49,11 +49,7 @@ class FinalCheckpoint(Callback):
         )
         if step == 0 or step % self.every_n_steps == 0 or preempted:
             return
-        # Beside a file of that name from another run into this directory, as ModelCheckpoint
-        # does (only rank 0 writes: the other ranks' names do not matter).
-        path, version = self.dirpath / f"step={step}.ckpt", 0
-        while path.exists():
-            version += 1
-            path = self.dirpath / f"step={step}-v{version}.ckpt"
+        # Only rank 0 writes: the other ranks' names do not matter.
+        path = unused_checkpoint_path(self.dirpath, step)
         self.saved_path = path
         trainer.save_checkpoint(path, weights_only=False)

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from callbacks._common import unused_checkpoint_path
 from lit_spikes.checkpoints import wait_for_writes
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -31,7 +32,9 @@ class PreemptionCheckpoint(Callback):
     Trainer's CheckpointIO and stops the Trainer cleanly, at once: no validation after the
     file (which Lightning runs when a callback stops it) and no steps to reach
     ``min_steps``/``min_epochs``. An interruption then costs nothing: resuming from that
-    file continues bit-exactly.
+    file continues bit-exactly. A signal in the run's last step changes nothing (the run
+    is complete); a second one while the first waits for the step's end goes to the
+    handlers from before (a second Ctrl-C stops a hanging step).
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
     training runs, and the previous handlers come back at the end. Python installs signal
@@ -57,7 +60,14 @@ class PreemptionCheckpoint(Callback):
         self._stop_overrides: dict[str, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
+        if self.received is None:
+            self.received = signum
+            return
+        # A second signal while the first waits for the step's end (a step that hangs: a
+        # stuck collective, a slow read): the handlers from before take it, as if this
+        # callback were not there (Ctrl-C: KeyboardInterrupt, which Lightning shuts down on).
+        self._restore_handlers()
+        signal.raise_signal(signum)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -83,7 +93,12 @@ class PreemptionCheckpoint(Callback):
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if not received:
             return
-        path = self.dirpath / f"step={trainer.global_step}.ckpt"
+        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            # The run is complete at this step: its regular final checkpoint follows, and
+            # it ends as finished, not as a preempted run with nothing left to resume.
+            return
+        # Beside another run's file of this step (this run's own is never there yet).
+        path = unused_checkpoint_path(self.dirpath, trainer.global_step)
         trainer.save_checkpoint(path, weights_only=False)
         wait_for_writes()  # on disk before saying so, and before the process may be killed
         self.saved_path = path
@@ -112,21 +127,26 @@ class PreemptionCheckpoint(Callback):
         validates once more when a callback stops it (for an early-stopping monitor): here
         that only spends the signal's grace period, after the checkpoint is written. And it
         trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
-        (the resumed run still trains to them). Both settings come back at the end."""
+        (the resumed run still trains to them). A validation due at this step anyway runs:
+        a resumed run counts it as done. Both settings come back at the end."""
         fit_loop = trainer.fit_loop
         self._stop_overrides = {
             "limit_val_batches": trainer.limit_val_batches,
             "min_steps": fit_loop.epoch_loop.min_steps,
             "min_epochs": fit_loop.min_epochs,
         }
-        trainer.limit_val_batches = 0
+        if not _validates_at_this_step_anyway(trainer):
+            trainer.limit_val_batches = 0
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
 
-    def _restore(self, trainer: pl.Trainer) -> None:
+    def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+
+    def _restore(self, trainer: pl.Trainer) -> None:
+        self._restore_handlers()
         if self._stop_overrides:  # the Trainer as it was given, for a later validate/test
             overrides, self._stop_overrides = self._stop_overrides, {}
             trainer.limit_val_batches = overrides["limit_val_batches"]
@@ -142,3 +162,13 @@ class PreemptionCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._restore(trainer)
+
+
+def _validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's schedule validates after this step, stop or no stop. Only a
+    schedule in steps (``val_check_interval`` an int, ``check_val_every_n_epoch=None``:
+    how this project's runs validate) is read; for any other, True (nothing is skipped)."""
+    every = trainer.val_check_batch
+    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int):
+        return True
+    return (trainer.fit_loop.epoch_loop.total_batch_idx + 1) % every == 0

@@ -176,7 +176,12 @@ class RunDirectoryLock(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.release()
+        # After on_fit_end, where a callback may have saved once more: that file is on
+        # disk (or its write's error raised) before another run may look at the directory.
+        try:
+            wait_for_writes()
+        finally:
+            self.release()
 
     @override
     def on_exception(

@@ -211,13 +211,15 @@ class _BackgroundWriter:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler may save (Lightning's SLURM requeue handler does) in
+        # the main thread while that thread is inside submit or wait.
+        self._lock = threading.RLock()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[tuple[Path, Future[None]]] = []
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._executor, self._pending = None, []
 
     def submit(self, path: Path, data: bytes | memoryview) -> None:
@@ -226,6 +228,22 @@ class _BackgroundWriter:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
             write = functools.partial(atomic_write, path, lambda handle: handle.write(data))
             self._pending.append((path, self._executor.submit(write)))
+
+    def raise_failed_before_last(self) -> None:
+        """Raise the error of the first failed write among those handed over before the
+        last one, without waiting for the last (each error to one caller).
+
+        Raises:
+            CheckpointWriteError: for that write.
+        """
+        with self._lock:
+            earlier = self._pending[:-1]
+            failed = [e for e in earlier if e[1].done() and e[1].exception() is not None]
+            if not failed:
+                return
+            self._pending = [entry for entry in self._pending if entry not in failed]
+        path, future = failed[0]
+        raise CheckpointWriteError(path, future.exception())  # type: ignore[arg-type]
 
     def wait(self, keep_errors: bool = False) -> None:
         """Block until every handed-over file is written; ``keep_errors``: leave a failed
@@ -373,8 +391,11 @@ class AtomicCheckpointIO(CheckpointIO):
             atomic_torch_save(checkpoint, path)
             return
         data = serialize_checkpoint(checkpoint)
-        wait_for_writes()  # the previous file: written long ago, or its error raised here
+        _WRITER.wait(keep_errors=True)  # the previous file: written long ago
+        # This file is written even if the previous one failed (a preemption's checkpoint
+        # after a full disk freed up): that error is raised only once this one is handed over.
         _WRITER.submit(Path(path), data)
+        _WRITER.raise_failed_before_last()
 
     @override
     def teardown(self) -> None:

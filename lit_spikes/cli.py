@@ -43,9 +43,9 @@ from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import (
     CHECKPOINT_DIRNAME,
     NoProfiler,
-    checkpoint_io_for,
     step_checkpoint,
     unwritable_directory,
+    with_checkpoint_io,
 )
 
 if TYPE_CHECKING:
@@ -275,8 +275,7 @@ class LitSpikesCLI(LightningCLI):
                 version="",
                 purge_step=getattr(self, "_resume_step", None) if training else None,
             )
-        if not trainer_config.get("plugins"):
-            trainer_config["plugins"] = [checkpoint_io_for(trainer_config)]
+        trainer_config["plugins"] = with_checkpoint_io(trainer_config)
         if trainer_config.get("profiler") is None:  # Lightning's default, cheaper
             trainer_config["profiler"] = NoProfiler()
         return self._instantiate_trainer(trainer_config, callbacks)

@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
@@ -133,6 +134,11 @@ class RunSpec:
         self.log_root = Path(self.log_root)  # a str is fine too
         if self.max_steps < 1:
             raise ValueError(f"RunSpec.max_steps={self.max_steps} must be >= 1")
+        if "callbacks" in self.trainer_kwargs:  # they would replace the lock and checkpoints
+            raise ValueError(
+                "RunSpec.trainer_kwargs['callbacks']: give them as RunSpec(callbacks=[...]), "
+                "which keeps the run's lock, preemption and step checkpoints beside them"
+            )
 
     @property
     def run_dir(self) -> Path:
@@ -176,11 +182,14 @@ class RunSpec:
             "profiler": NoProfiler(),
         }
         kwargs.update(self.trainer_kwargs)
-        if "plugins" not in self.trainer_kwargs:
-            kwargs["plugins"] = [checkpoint_io_for(kwargs)]
+        kwargs["plugins"] = with_checkpoint_io(kwargs)
         trainer = pl.Trainer(**kwargs)
         lock.acquire_for(trainer)  # now: the logger writes a file before any setup hook runs
-        remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)  # the directory is this run's
+        try:
+            remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)  # the directory is this run's
+        except BaseException:
+            lock.release()  # no fit will run to release it
+            raise
         return trainer
 
 
@@ -195,6 +204,17 @@ def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:
     one_device = devices in (1, "1") or (isinstance(devices, list) and len(devices) == 1)
     one_process = one_device and trainer_kwargs.get("num_nodes", 1) == 1
     return AtomicCheckpointIO(background_writes=one_process)
+
+
+def with_checkpoint_io(trainer_kwargs: dict[str, Any]) -> list[Any]:
+    """The ``plugins`` of ``trainer_kwargs`` (one or a list, or none) with
+    ``checkpoint_io_for`` added, unless one of them is a CheckpointIO already: other
+    plugins (a cluster environment, a precision) must not cost the atomic writes."""
+    given = trainer_kwargs.get("plugins") or []
+    plugins = list(given) if isinstance(given, list | tuple) else [given]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(checkpoint_io_for(trainer_kwargs))
+    return plugins
 
 
 def unwritable_directory(path: Path) -> str | None:

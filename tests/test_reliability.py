@@ -28,6 +28,7 @@ from lightning.pytorch.callbacks import Callback
 import lit_spikes.checkpoints as checkpoints_module
 from callbacks import (
     CheckpointRetention,
+    LRScaler,
     PreemptionCheckpoint,
     RollbackRestore,
     RunDirectoryBusy,
@@ -227,6 +228,99 @@ def test_a_failing_run_raises_its_own_error_and_warns_of_a_failed_background_wri
             raise KeyError("an error the caller handles by training again")
         except KeyError:
             fit(tmp_path, "retry", EVERY, checkpoint_every=EVERY)
+
+
+def test_after_a_failed_write_the_next_file_is_still_written_then_the_error_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One failed write (a transient I/O error) must not cost the next file too: a
+    preemption's checkpoint is the one that matters most."""
+    real = checkpoints_module.atomic_write
+
+    def flaky(path: Path, write: Any) -> None:
+        if Path(path).name == f"step={EVERY}.ckpt":
+            raise OSError(5, "transient I/O error")
+        real(path, write)
+
+    monkeypatch.setattr(checkpoints_module, "atomic_write", flaky)
+    with pytest.raises(CheckpointWriteError, match=f"step={EVERY}.ckpt.*transient"):
+        fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAt(EVERY + 3)])
+    names = [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.ckpt")]
+    assert names == [f"step={EVERY + 3}.ckpt"]
+    assert load_ckpt(tmp_path / "run" / "checkpoints" / names[0])["global_step"] == EVERY + 3
+
+
+def test_a_save_in_on_fit_end_is_on_disk_before_the_directory_is_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning tears its checkpoint plugin down before on_fit_end: a save there is
+    still waited for (and its error raised) before another run may take the directory."""
+
+    class SaveAtFitEnd(Callback):
+        def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+            trainer.save_checkpoint(Path(trainer.default_root_dir) / "final.ckpt")
+
+    _slow_writes(monkeypatch, 0.3)
+    run = fit(tmp_path, "run", 2, callbacks=[SaveAtFitEnd()])
+    assert (run.spec.run_dir / "final.ckpt").exists()
+    assert not (run.spec.run_dir / LOCK_NAME).exists()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(CheckpointWriteError, match=r"final\.ckpt.*No space left"):
+        fit(tmp_path, "full", 2, callbacks=[SaveAtFitEnd()])
+    assert not (tmp_path / "full" / LOCK_NAME).exists()
+
+
+def test_a_signal_handler_saving_while_the_writer_is_busy_does_not_deadlock() -> None:
+    """Lightning's SLURM requeue handler saves from a signal handler, in the main thread,
+    which may be inside the writer's own lock at that moment."""
+    done = threading.Event()
+
+    def reenter() -> None:
+        with checkpoints_module._WRITER._lock:  # as if interrupted inside submit
+            wait_for_writes()
+        done.set()
+
+    thread = threading.Thread(target=reenter, daemon=True)
+    thread.start()
+    assert done.wait(timeout=10)
+
+
+def test_other_plugins_keep_the_atomic_checkpoint_writes(tmp_path: Path) -> None:
+    """A cluster environment or a precision plugin is no reason to write checkpoints
+    with Lightning's plain torch.save (no fsync, no atomic rename, no clear errors)."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    for plugins in ([LightningEnvironment()], LightningEnvironment()):
+        run = fit(tmp_path, f"run{type(plugins).__name__}", 2, plugins=plugins)
+        assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    mine = AtomicCheckpointIO(background_writes=False)
+    run = fit(tmp_path, "own", 2, plugins=[mine])
+    assert run.trainer.strategy.checkpoint_io is mine
+
+
+def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Path) -> None:
+    from lit_spikes.training import RunSpec
+
+    with pytest.raises(ValueError, match=r"trainer_kwargs\['callbacks'\].*RunSpec\(callbacks="):
+        RunSpec(tmp_path, "run", 4, trainer_kwargs={"callbacks": [SpikeDetector()]})
+
+
+def test_a_failed_cleanup_after_the_lock_is_taken_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lit_spikes import training
+
+    def unreadable(directory: Path) -> list[Path]:
+        raise PermissionError(13, "Permission denied", str(directory))
+
+    monkeypatch.setattr(training, "remove_leftovers", unreadable)
+    with pytest.raises(PermissionError):
+        training.RunSpec(tmp_path, "run", 4, checkpoint_every=2).trainer()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()  # released: no fit will release it
 
 
 def test_a_rank_of_several_saves_synchronously_whatever_the_plugin_says(
@@ -567,6 +661,85 @@ def test_a_signal_stops_at_once_without_validating_or_training_to_min_steps(
     assert run.trainer.fit_loop.min_steps == N
 
 
+def test_a_signal_at_a_validation_step_keeps_that_validation(tmp_path: Path) -> None:
+    """A resumed run counts the validation of its first step as done: skipped before the
+    stop, it would be missing from the curve for good."""
+    preempted, resumed, straight = Validations(), Validations(), Validations()
+    fit(tmp_path, "a", 12, checkpoint_every=EVERY, val_every=4, callbacks=[SignalAt(8), preempted])
+    ckpt = tmp_path / "a" / "checkpoints" / "step=8.ckpt"
+    fit(tmp_path, "b", 12, val_every=4, ckpt_path=ckpt, callbacks=[resumed])
+    fit(tmp_path, "c", 12, val_every=4, callbacks=[straight])
+    assert preempted.at + resumed.at == straight.at == [4, 8, 12]
+
+
+def test_a_signal_in_the_last_step_ends_the_run_as_finished(tmp_path: Path) -> None:
+    """Not as a preempted run (exit 143, 'resume with ...') that has nothing to resume."""
+    run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAt(N)])
+    (preemption,) = [c for c in run.trainer.callbacks if isinstance(c, PreemptionCheckpoint)]
+    assert preemption.saved_path is None
+    assert run.trainer.global_step == N
+    names = sorted(p.name for p in (run.spec.run_dir / "checkpoints").glob("*.ckpt"))
+    assert names == [f"step={k}.ckpt" for k in sorted(map(str, range(EVERY, N + 1, EVERY)))]
+
+
+def test_a_preemption_keeps_another_histories_file_of_its_step(tmp_path: Path) -> None:
+    """As ModelCheckpoint does: step=<k>-v1.ckpt beside it, not over it."""
+    first = fit(tmp_path, "run", 2 * EVERY, checkpoint_every=EVERY)
+    files = first.spec.run_dir / "checkpoints"
+    theirs = (files / f"step={2 * EVERY}.ckpt").read_bytes()
+    branch = fit(
+        tmp_path,
+        "run",
+        N,
+        ckpt_path=files / f"step={EVERY}.ckpt",
+        checkpoint_every=EVERY,
+        callbacks=[SignalAt(2 * EVERY), LRScaler(0.5, start_step=EVERY)],
+    )
+    assert branch.trainer.global_step == 2 * EVERY
+    assert (files / f"step={2 * EVERY}.ckpt").read_bytes() == theirs
+    mine = load_ckpt(files / f"step={2 * EVERY}-v1.ckpt")
+    assert torch.equal(mine["state_dict"]["model.head.weight"], branch.module.model.head.weight)
+
+
+HANGING_RUN = """
+import sys, time
+from pathlib import Path
+from lightning.pytorch.callbacks import Callback
+from tests.conftest import fit
+
+class Hang(Callback):
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == 2:
+            print("hanging", flush=True)
+            time.sleep(60)  # a stuck collective, a slow read
+
+fit(Path(sys.argv[1]), "hang", 10, checkpoint_every=5, callbacks=[Hang()])
+"""
+
+
+def test_a_second_ctrl_c_stops_a_step_that_hangs(tmp_path: Path) -> None:
+    """The first signal waits for the step's end; a second one goes to the handlers from
+    before (Lightning's KeyboardInterrupt shutdown), not to the same flag."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HANGING_RUN, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "hanging"
+    child.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=30)  # the hang lasts 60 s
+    finally:
+        child.kill()  # no-op once it exited
+    assert child.returncode != 0
+    assert "KeyboardInterrupt" in err, err[-2000:]
+
+
 def test_fit_off_the_main_thread_trains_on_without_signal_handlers(tmp_path: Path) -> None:
     """Python installs signal handlers from the main thread only: a run started in
     another thread (a GUI, a service, a benchmark) must train, not die in on_train_start."""
@@ -767,6 +940,15 @@ def test_configs_refuse_non_finite_numbers(build: Any, message: str) -> None:
     """An inf or NaN passes a "> 0" check, and then every step of the run is NaN."""
     with pytest.raises(ValueError, match=re.escape(message)):
         build()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**31])
+def test_a_train_seed_numpy_cannot_take_is_refused_when_built(seed: int) -> None:
+    """Not a NumPy error at the first step (rank r seeds with train_seed + r)."""
+    from lit_spikes.module import TinyGPTModule
+
+    with pytest.raises(ValueError, match=re.escape(f"train_seed={seed} must be in [0, 2**31)")):
+        TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM, train_seed=seed)
 
 
 def test_a_text_too_short_for_a_row_is_refused_before_any_step(tmp_path: Path) -> None:
