@@ -255,17 +255,17 @@ _REPORTS: Any = None
 
 
 def _start_worker(reports: Any) -> None:
+    # First: Ctrl-C in a terminal reaches every process of its group, and an idle worker
+    # would die of a KeyboardInterrupt (a traceback, a broken pool). The main process
+    # decides: it stops the workers (SIGTERM). A branch training here still catches
+    # SIGINT: its PreemptionCheckpoint installs its own handler while it trains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _REPORTS
     _REPORTS = reports
     # Every report a branch's result waits for is read before that result (its "end"
     # marker): a worker need not wait at its exit for a reader that may be gone.
     reports.cancel_join_thread()
     torch.set_num_threads(1)
-    # Ctrl-C in a terminal reaches every process of its group: an idle worker would die
-    # of a KeyboardInterrupt (a traceback, a broken pool). The main process decides: it
-    # stops the workers (SIGTERM). A branch training here still catches SIGINT: its
-    # PreemptionCheckpoint installs its own handler while it trains.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _worker(branch: Branch, log_root: Path) -> BranchResult:

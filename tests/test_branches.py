@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from lit_spikes.branches import Branch, BranchRunner, run_branch
+from lit_spikes.branches import Branch, BranchRunner, _ready, run_branch
 from lit_spikes.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
 
@@ -119,7 +119,8 @@ def test_an_idle_worker_outlives_the_terminals_ctrl_c(tmp_path: Path) -> None:
     of it (a KeyboardInterrupt traceback, and a pool broken for the branches after): the
     main process decides what an interrupt stops."""
     with BranchRunner(tmp_path, workers=1) as runner:
-        runner._starter.join()  # the worker is up and idle
+        runner._starter.join()
+        runner._pool.submit(_ready).result()  # the worker is up, and idle again
         (worker,) = runner._pool._processes.values()  # type: ignore[attr-defined]
         os.kill(worker.pid, signal.SIGINT)
         worker.join(timeout=1)  # time for the signal to land: an ignored one keeps it alive
