@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from typing_extensions import override
@@ -315,6 +316,38 @@ def world_tokens(config: WorldConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return tokenizer.encode(world.train_text()), tokenizer.encode(world.val_text())
 
 
+def check_ends(trainer: pl.Trainer) -> None:
+    """The train stream has no end (the batch of step k exists for every k), so neither
+    has an epoch of it: refuse a fit that only epochs would end, and warn of a validation
+    scheduled at an epoch's end.
+
+    Raises:
+        ValueError: no ``max_steps``, no int ``limit_train_batches`` and no ``max_time``.
+    """
+    epochs_end = isinstance(trainer.limit_train_batches, int)
+    timed = any(isinstance(callback, Timer) for callback in trainer.callbacks)  # max_time
+    if trainer.max_steps == -1 and not epochs_end and not timed:
+        raise ValueError(
+            "StepDataModule's train stream never ends (the batch of step k exists for "
+            "every k), so an epoch never ends and this fit would train forever: give "
+            "Trainer(max_steps=...) (TinyGPTModule's schedule ends at "
+            "OptimConfig.max_steps), or an int limit_train_batches for epochs of that "
+            "many steps"
+        )
+    validating = trainer.limit_val_batches != 0
+    at_epoch_end = trainer.check_val_every_n_epoch is not None and not isinstance(
+        trainer.val_check_interval, int
+    )
+    if validating and at_epoch_end and not epochs_end:
+        warnings.warn(
+            f"val_check_interval={trainer.val_check_interval!r} with check_val_every_n_epoch="
+            f"{trainer.check_val_every_n_epoch} validates at an epoch's end, which "
+            "StepDataModule's endless train stream never reaches: this fit will not "
+            "validate. Give val_check_interval=<steps> and check_val_every_n_epoch=None",
+            stacklevel=2,
+        )
+
+
 class StepDataModule(pl.LightningDataModule):
     """DataModule whose train batch at global step ``k`` is a pure function of (seed, k).
 
@@ -352,6 +385,8 @@ class StepDataModule(pl.LightningDataModule):
             self._train_tokens, self._val_tokens = train, val
         if self.trainer is not None:  # before any process trains on a ragged shard
             check_shard(self.config.batch_size, self.trainer.global_rank, self.trainer.world_size)
+            if stage == "fit":
+                check_ends(self.trainer)
 
     def add_skip(self, positions: Iterable[int]) -> None:
         """Skip more data positions from now on (used by ``callbacks.BatchSkipper``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -121,3 +122,39 @@ def test_a_cpu_batch_is_not_walked_for_a_cpu_run(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*transfer_batch_to_device.*")
         fit(tmp_path, "run", 2)
+
+
+def _trainer(**settings: object) -> pl.Trainer:
+    defaults: dict[str, object] = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+    }
+    return pl.Trainer(**(defaults | settings))  # type: ignore[arg-type]
+
+
+def test_a_fit_only_epochs_would_end_is_refused_before_any_step() -> None:
+    """The stream has no end, so neither has an epoch: Trainer(max_epochs=1) without
+    max_steps trained forever."""
+    from lit_spikes.module import TinyGPTModule
+    from tests.conftest import TINY_GPT, TINY_OPTIM
+
+    module, data = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM), StepDataModule(TINY_DATA)
+    with pytest.raises(ValueError, match=r"never ends .* Trainer\(max_steps=\.\.\.\)"):
+        _trainer(max_epochs=1, limit_val_batches=0).fit(module, datamodule=data)
+    assert module.history == []
+    # Epochs of an int limit_train_batches do end, and go on with the next steps' data.
+    _trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0).fit(
+        module, datamodule=StepDataModule(TINY_DATA)
+    )
+    assert [int(r["position"]) for r in module.history] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_validation_at_an_epochs_end_that_never_comes_warns() -> None:
+    from lit_spikes.module import TinyGPTModule
+    from tests.conftest import TINY_GPT, TINY_OPTIM
+
+    module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+    with pytest.warns(UserWarning, match="this fit will not validate. Give val_check_interval"):
+        _trainer(max_steps=2).fit(module, datamodule=StepDataModule(TINY_DATA))
