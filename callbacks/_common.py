@@ -66,3 +66,13 @@ def unused_checkpoint_path(dirpath: Path, step: int) -> Path:
         version += 1
         path = dirpath / f"step={step}-v{version}.ckpt"
     return path
+
+
+def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's schedule validates after this step, stop or no stop. Only a
+    schedule in steps (``val_check_interval`` an int, ``check_val_every_n_epoch=None``:
+    how this project's runs validate) is read; for any other, True (nothing is skipped)."""
+    every = trainer.val_check_batch
+    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int):
+        return True
+    return (trainer.fit_loop.epoch_loop.total_batch_idx + 1) % every == 0

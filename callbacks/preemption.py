@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from callbacks._common import unused_checkpoint_path
+from callbacks._common import unused_checkpoint_path, validates_at_this_step_anyway
 from lit_spikes.checkpoints import wait_for_writes
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -135,7 +135,7 @@ class PreemptionCheckpoint(Callback):
             "min_steps": fit_loop.epoch_loop.min_steps,
             "min_epochs": fit_loop.min_epochs,
         }
-        if not _validates_at_this_step_anyway(trainer):
+        if not validates_at_this_step_anyway(trainer):
             trainer.limit_val_batches = 0
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
@@ -162,13 +162,3 @@ class PreemptionCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._restore(trainer)
-
-
-def _validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
-    """Whether Lightning's schedule validates after this step, stop or no stop. Only a
-    schedule in steps (``val_check_interval`` an int, ``check_val_every_n_epoch=None``:
-    how this project's runs validate) is read; for any other, True (nothing is skipped)."""
-    every = trainer.val_check_batch
-    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int):
-        return True
-    return (trainer.fit_loop.epoch_loop.total_batch_idx + 1) % every == 0

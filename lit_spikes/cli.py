@@ -43,6 +43,7 @@ from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import (
     CHECKPOINT_DIRNAME,
     NoProfiler,
+    ValidateAtEnd,
     step_checkpoint,
     unwritable_directory,
     with_checkpoint_io,
@@ -111,6 +112,12 @@ class LitSpikesCLI(LightningCLI):
             self.parser.error(
                 f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
                 "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
+            )
+        no_checkpoints = config["trainer"]["enable_checkpointing"] is False
+        if self.subcommand == "fit" and every and no_checkpoints:
+            self.parser.error(
+                "--trainer.enable_checkpointing=false: lit-spikes writes its checkpoints as "
+                f"--checkpoint_every says ({every}); give --checkpoint_every 0 for none"
             )
         root = Path(config["trainer"]["default_root_dir"])
         problem = unwritable_directory(root)
@@ -262,17 +269,23 @@ class LitSpikesCLI(LightningCLI):
             callbacks.append(PreemptionCheckpoint(dirpath))
             callbacks.append(step_checkpoint(dirpath, every))
             callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
-        else:
+        interval, steps = trainer_config.get("val_check_interval"), trainer_config["max_steps"]
+        if training and isinstance(interval, int) and interval > 0 and steps % interval:
+            callbacks.append(ValidateAtEnd())  # the final model's val/bpc
+        if not (every and training):
             trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
         if trainer_config.get("enable_progress_bar", True) is not False:
             configured = trainer_config.get("callbacks") or []
             configured = configured if isinstance(configured, list) else [configured]
             callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
         if trainer_config.get("logger") in (None, True):
+            # validate: a run of its own beside the training's (its curves, its config.yaml
+            # untouched), one per checkpoint; Lightning logs a validation at step 0
+            checkpoint = config.get("ckpt_path")
             trainer_config["logger"] = TensorBoardStepLogger(
                 save_dir=root,
-                name="",
-                version="",
+                name="" if training else "validate",
+                version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
                 purge_step=getattr(self, "_resume_step", None) if training else None,
             )
         trainer_config["plugins"] = with_checkpoint_io(trainer_config)

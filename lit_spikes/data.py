@@ -24,6 +24,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from typing_extensions import override
 
+from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
 
 Batch = dict[str, torch.Tensor]
@@ -325,7 +326,8 @@ def check_ends(trainer: pl.Trainer) -> None:
         ValueError: no ``max_steps``, no int ``limit_train_batches`` and no ``max_time``.
     """
     epochs_end = isinstance(trainer.limit_train_batches, int)
-    timed = any(isinstance(callback, Timer) for callback in trainer.callbacks)  # max_time
+    callbacks: list[Any] = getattr(trainer, "callbacks", [])  # set on it, untyped
+    timed = any(isinstance(callback, Timer) for callback in callbacks)  # max_time
     if trainer.max_steps == -1 and not epochs_end and not timed:
         raise ValueError(
             "StepDataModule's train stream never ends (the batch of step k exists for "
@@ -385,8 +387,44 @@ class StepDataModule(pl.LightningDataModule):
             self._train_tokens, self._val_tokens = train, val
         if self.trainer is not None:  # before any process trains on a ragged shard
             check_shard(self.config.batch_size, self.trainer.global_rank, self.trainer.world_size)
-            if stage == "fit":
-                check_ends(self.trainer)
+
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls,
+        checkpoint_path: str | Path,
+        map_location: Any = None,
+        hparams_file: Any = None,
+        **kwargs: Any,
+    ) -> StepDataModule:
+        """The data module a checkpoint of ``TinyGPTModule``'s was trained with: its whole
+        ``DataConfig`` (a file from before it held one: the defaults with its data seed)
+        and its skip set. Lightning's own would build one from hyperparameters this data
+        module does not save (the config travels in its ``state_dict``): the defaults.
+
+        Args:
+            checkpoint_path: the ``.ckpt`` file.
+            map_location: unused (no tensors); accepted as Lightning's is.
+            hparams_file: not supported (the file holds the config).
+            **kwargs: ``config=`` another ``DataConfig`` (``load_state_dict`` warns where it
+                differs, as at a resume).
+
+        Raises:
+            TypeError: ``hparams_file`` or another keyword argument.
+            CheckpointError: the file is unreadable or not a checkpoint.
+        """
+        unknown = sorted(set(kwargs) - {"config"})
+        if hparams_file is not None or unknown:
+            given = ["hparams_file"] * (hparams_file is not None) + unknown
+            raise TypeError(
+                f"StepDataModule.load_from_checkpoint takes config= only, not {given}: the "
+                "checkpoint holds the whole DataConfig"
+            )
+        checkpoint = load_checkpoint(checkpoint_path, weights_enough=True)
+        datamodule = cls(kwargs.get("config") or data_config_from_checkpoint(checkpoint))
+        state = checkpoint.get(cls.__qualname__)
+        if state is not None:
+            datamodule.load_state_dict(state)
+        return datamodule
 
     def add_skip(self, positions: Iterable[int]) -> None:
         """Skip more data positions from now on (used by ``callbacks.BatchSkipper``)."""
@@ -426,6 +464,7 @@ class StepDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("train_dataloader() needs a Trainer; use stream(step) outside one")
+        check_ends(trainer)  # a fit's own settings, before its first step
         start = lambda: trainer.global_step  # noqa: E731 (read when iteration (re)starts)
         # The stream itself, not a DataLoader around it: it yields whole batches of CPU
         # tensors already, so a DataLoader had nothing to do at every step but its own

@@ -19,6 +19,7 @@ from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
+from callbacks._common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
@@ -156,6 +157,8 @@ class RunSpec:
             callbacks.append(
                 step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
             )
+        if self.val_every and self.max_steps % self.val_every:
+            callbacks.append(ValidateAtEnd())
         if self.progress_bar:
             callbacks = with_step_progress_bar(callbacks)
         logger = TensorBoardStepLogger(
@@ -191,6 +194,18 @@ class RunSpec:
             lock.release()  # no fit will run to release it
             raise
         return trainer
+
+
+class ValidateAtEnd(Callback):
+    """Validates after the run's last step (``max_steps``) when the schedule in steps
+    would not (``val_check_interval`` that does not divide it): a fit ends with its final
+    model's validation. It asks Lightning to stop at that step, which validates at once
+    (the validation Lightning runs for an early stop)."""
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == trainer.max_steps and not validates_at_this_step_anyway(trainer):
+            trainer.should_stop = True
 
 
 def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:

@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lit_spikes.cli import main
 from tests.conftest import TINY_CLI
@@ -331,3 +332,35 @@ def test_validate_takes_any_checkpoint_and_leaves_the_run_alone(tmp_path: Path) 
         "step=10.ckpt",
         "step=5.ckpt",
     ]
+    # Each validation is a run of its own, named by its checkpoint: the training run's
+    # config.yaml is not overwritten with the validate command's.
+    assert yaml.safe_load((root / "config.yaml").read_text())["checkpoint_every"] == 5
+    for step in (10, 5):
+        run = root / "validate" / f"step={step}"
+        assert [s for s, _ in tb_scalars(run)["val/bpc"]] == [0]
+        assert yaml.safe_load((run / "config.yaml").read_text())["ckpt_path"].endswith(
+            f"step={step}.ckpt"
+        )
+
+
+def test_a_fit_validates_its_final_model_off_the_validation_interval(tmp_path: Path) -> None:
+    """A run of 12 steps validating every 5 ends with the validation of step 12 too."""
+    from tests.conftest import tb_scalars
+
+    root = tmp_path / "run"
+    args = [*TINY_CLI, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "12"]
+    main(["fit", *args, "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "5"])
+    assert [s for s, _ in tb_scalars(root)["val/bpc"]] == [4, 9, 11]  # after steps 5, 10, 12
+
+
+def test_checkpointing_turned_off_the_lightning_way_names_the_option_that_does_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "run"
+    args = [*TINY_CLI, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "3"]
+    with pytest.raises(SystemExit):
+        main(["fit", *args, "--trainer.enable_checkpointing", "false"])
+    assert "give --checkpoint_every 0 for none" in capsys.readouterr().err
+    assert not root.exists()
+    main(["fit", *args, "--trainer.enable_checkpointing", "false", "--checkpoint_every", "0"])
+    assert not (root / "checkpoints").exists()

@@ -158,3 +158,20 @@ def test_a_validation_at_an_epochs_end_that_never_comes_warns() -> None:
     module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
     with pytest.warns(UserWarning, match="this fit will not validate. Give val_check_interval"):
         _trainer(max_steps=2).fit(module, datamodule=StepDataModule(TINY_DATA))
+
+
+def test_load_from_checkpoint_gives_the_data_module_the_run_trained_with(tmp_path: Path) -> None:
+    """Not Lightning's default-built one (this data module saves no hyperparameters)."""
+    from callbacks import BatchSkipper
+    from tests.conftest import fit
+
+    data = replace(TINY_DATA, seed=3)
+    run = fit(tmp_path, "run", 6, checkpoint_every=6, data=data, callbacks=[BatchSkipper([4])])
+    ckpt = tmp_path / "run" / "checkpoints" / "step=6.ckpt"
+    loaded = StepDataModule.load_from_checkpoint(ckpt)
+    assert loaded.config == data and loaded.skip == run.datamodule.skip == (4,)
+    with pytest.warns(UserWarning, match="data seed 3, this run uses 5"):
+        other = StepDataModule.load_from_checkpoint(ckpt, config=replace(data, seed=5))
+    assert other.config.seed == 5
+    with pytest.raises(TypeError, match=r"config= only, not \['hparams_file', 'seed'\]"):
+        StepDataModule.load_from_checkpoint(ckpt, hparams_file="h.yaml", seed=2)

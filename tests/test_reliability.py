@@ -672,6 +672,12 @@ def test_a_signal_at_a_validation_step_keeps_that_validation(tmp_path: Path) -> 
     assert preempted.at + resumed.at == straight.at == [4, 8, 12]
 
 
+def test_a_run_validates_its_final_model_off_its_validation_interval(tmp_path: Path) -> None:
+    validations = Validations()
+    fit(tmp_path, "run", 10, val_every=4, callbacks=[validations])
+    assert validations.at == [4, 8, 10]
+
+
 def test_a_signal_in_the_last_step_ends_the_run_as_finished(tmp_path: Path) -> None:
     """Not as a preempted run (exit 143, 'resume with ...') that has nothing to resume."""
     run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[SignalAt(N)])
