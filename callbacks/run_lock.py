@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
-from lit_spikes.checkpoints import wait_for_writes
+from lit_spikes.checkpoints import AtomicCheckpointIO, wait_for_writes
 
 LOCK_NAME = ".lit-spikes.lock"
 """The lock file in a run directory (no TensorBoard or checkpoint glob matches it)."""
@@ -80,9 +80,11 @@ class RunDirectoryLock(Callback):
     before ``setup`` (a resumed run's TensorBoard purge marker among it): ``RunSpec.trainer()``
     and ``lit-spikes fit`` take it as soon as the Trainer is built, with ``acquire_for``.
     With a Trainer of your own, call ``acquire_for(trainer)`` before ``fit`` to get the same.
-    It is released in ``teardown`` or ``on_exception``, so just before Lightning's logger
-    writes its last events. A copy sent to another process (a spawned DDP worker) or a
-    forked child holds nothing.
+    It is released in ``teardown`` once the checkpoint files are written (just before
+    Lightning's logger writes its last events) or, when a fit fails, at the end of
+    ``AtomicCheckpointIO``'s teardown, after every other callback's ``on_exception`` (with
+    another checkpoint plugin: in this one's). A copy sent to another process (a spawned
+    DDP worker) or a forked child holds nothing.
 
     Args:
         directory: the run directory (TensorBoard's, and the checkpoints' parent).
@@ -187,10 +189,16 @@ class RunDirectoryLock(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # Lightning calls no teardown hook after a failure, and waits for the background
-        # checkpoint write only after this hook: a run let in now could find the directory
-        # still changing (a step file landing after it chose where to resume). A failed
-        # write's error stays for the checkpoint plugin's teardown to report.
+        # Lightning calls no teardown hook after a failure. Other callbacks' on_exception
+        # run after this one (a ModelCheckpoint saving on exception comes last), then the
+        # loggers' last events, then the checkpoint plugin's teardown, which waits for the
+        # background writes: a run let in before could find the directory still changing.
+        # AtomicCheckpointIO releases the lock at its teardown's end; with another plugin,
+        # now, once this process's writes are done (an error stays for that teardown).
+        checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
+        if isinstance(checkpoint_io, AtomicCheckpointIO):
+            checkpoint_io.call_after_teardown(self.release)
+            return
         try:
             wait_for_writes(keep_errors=True)
         finally:

@@ -377,6 +377,14 @@ class AtomicCheckpointIO(CheckpointIO):
     def __init__(self, background_writes: bool = False) -> None:
         super().__init__()
         self.background_writes = background_writes
+        self._after_teardown: list[Callable[[], None]] = []
+
+    def call_after_teardown(self, function: Callable[[], None]) -> None:
+        """Call ``function`` at the end of the next ``teardown``, whatever it raises. A
+        failing fit tears the plugin down after every callback's ``on_exception`` (one may
+        save a checkpoint there) and the loggers' last events: ``RunDirectoryLock``
+        releases the run directory then."""
+        self._after_teardown.append(function)
 
     @override
     def save_checkpoint(
@@ -414,6 +422,10 @@ class AtomicCheckpointIO(CheckpointIO):
                 f"{type(failing).__name__}, which is raised instead)",
                 stacklevel=2,
             )
+        finally:
+            functions, self._after_teardown = self._after_teardown, []
+            for function in functions:
+                function()
 
     @override
     def load_checkpoint(

@@ -274,6 +274,42 @@ def test_a_save_in_on_fit_end_is_on_disk_before_the_directory_is_released(
     assert not (tmp_path / "full" / LOCK_NAME).exists()
 
 
+def test_a_failing_run_holds_its_directory_while_a_checkpoint_saves_on_exception(
+    tmp_path: Path,
+) -> None:
+    """ModelCheckpoint(save_on_exception=True) writes in its on_exception, which runs after
+    the lock's (checkpoint callbacks come last): the directory is let go only after it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    held: list[bool] = []
+    real = checkpoints_module.atomic_write
+
+    def watched(path: Path, write: Any) -> None:
+        held.append((path.parent.parent / LOCK_NAME).exists())
+        real(path, write)
+
+    class Boom(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise RuntimeError("boom at step 3")
+
+    emergency = ModelCheckpoint(
+        dirpath=tmp_path / "run" / "checkpoints",
+        filename="crash-{step}",
+        save_on_exception=True,
+        every_n_train_steps=99,  # not the run's own (100): another state key
+    )
+    checkpoints_module.atomic_write = watched  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="boom at step 3"):
+            fit(tmp_path, "run", 10, checkpoint_every=100, callbacks=[Boom(), emergency])
+    finally:
+        checkpoints_module.atomic_write = real
+    assert held == [True]
+    assert (tmp_path / "run" / "checkpoints" / "crash-step=3.ckpt").exists()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+
+
 def test_a_signal_handler_saving_while_the_writer_is_busy_does_not_deadlock() -> None:
     """Lightning's SLURM requeue handler saves from a signal handler, in the main thread,
     which may be inside the writer's own lock at that moment."""
