@@ -1119,11 +1119,13 @@ class RecoveryLoop:
             directory = self.root / record.name / CHECKPOINT_DIRNAME
             if not directory.is_dir():
                 continue
+            limit = self.scheduled(self.config.steps if end is None else end)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    limit = self.scheduled(self.config.steps if end is None else end)
                     step, path, _ = newest_valid_checkpoint(directory, limit)
+                    while step != self.scheduled(step):  # a Ctrl-C's file: passed over
+                        step, path, _ = newest_valid_checkpoint(directory, self.scheduled(step))
             except FileNotFoundError:
                 continue
             if step > first:

@@ -627,3 +627,34 @@ def test_fresh_clears_the_log_root_but_keeps_it_locked(tmp_path: Path) -> None:
     finally:
         loop.close()
     assert lock_probe(config.log_root) == "free"
+
+
+@pytest.mark.slow
+def test_branches_that_give_up_or_compare_start_where_the_uninterrupted_loop_starts_them(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C's checkpoint (off the schedule) in the base run is never where a later
+    'continue' or 'do nothing' branch starts: the loop decides as the uninterrupted one."""
+
+    def config(name: str) -> RecoverConfig:
+        return tiny_config(
+            tmp_path / name,
+            optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+            data=replace(TINY_DATA, poison=(28,)),
+            ladder=("clip",),
+            compare=True,
+        )
+
+    straight = recover(config("straight"))
+    signal_at_24 = lambda record: [SignalSelf(24, signal.SIGTERM)] if record.name == "base" else []  # noqa: E731
+    with pytest.raises(_Interrupted):
+        recover(config("interrupted"), extra_callbacks=signal_at_24)
+    assert (tmp_path / "interrupted" / "base" / "checkpoints" / "step=25.ckpt").is_file()
+    resumed = recover(config("interrupted"))
+
+    def starts(result: RecoverResult) -> list[tuple[str, int]]:
+        return [(b.name, b.start_step) for b in result.ledger.branches if b.name != "base"]
+
+    assert starts(resumed) == starts(straight)
+    assert any(kind == "compare" for kind in (b.kind for b in straight.ledger.branches))
+    assert_same_outcome(resumed, straight)
