@@ -70,7 +70,12 @@ from callbacks import (
 from callbacks._common import module_history, trainer_callbacks
 from callbacks.rollback import RollbackRestore
 from callbacks.run_lock import LOCK_NAME, RunDirectoryLock
-from lit_spikes.checkpoints import atomic_write, newest_valid_checkpoint, wait_for_writes
+from lit_spikes.checkpoints import (
+    CheckpointError,
+    atomic_write,
+    newest_valid_checkpoint,
+    wait_for_writes,
+)
 from lit_spikes.data import DataConfig, StepDataModule, data_config_from_dict, plain_config
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import (
@@ -81,7 +86,13 @@ from lit_spikes.module import (
     TinyGPTModule,
     destroy_process_group,
 )
-from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec, checkpoint_path, quiet_branches
+from lit_spikes.training import (
+    CHECKPOINT_DIRNAME,
+    RunSpec,
+    checkpoint_path,
+    quiet_branches,
+    unwritable_directory,
+)
 
 REMEDIES = ("skip_data", "scale_lr", "skip_step", "clip")
 """The remedies a ladder may name, in the default order."""
@@ -460,7 +471,8 @@ class LedgerUnreadable(ValueError):
 
 
 class NotALogRoot(ValueError):
-    """``--fresh`` asked to clear a directory that holds no recovery ledger."""
+    """A log root that holds files but no recovery ledger: ``--fresh`` would clear it, a
+    first start would delete what it names like its branch directories."""
 
 
 class RankZeroStopped(RuntimeError):
@@ -809,6 +821,16 @@ class RecoveryLoop:
         if resumed:
             self.ledger = read_ledger(self.root)
             self._check_same_config()
+        else:  # the ledger is written at once: anything else here is not this loop's
+            others = sorted(e.name for e in self.root.iterdir() if e.name != LOCK_NAME)
+            if others:
+                raise NotALogRoot(
+                    f"{self.root} holds no {LEDGER_NAME} but {len(others)} entries "
+                    f"({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}): a new "
+                    "recovery loop there would delete its branch directories (base, "
+                    "accepted, spike*, compare) if they are among them. Choose another "
+                    "--log-root, or empty this one yourself"
+                )
         self.ledger.sessions += 1
         self.event("resume" if resumed else "start", sessions=self.ledger.sessions)
 
@@ -1102,8 +1124,8 @@ class RecoveryLoop:
                 continue
             finally:
                 refused.extend(rollback.refused)
-            if step > first:
-                return step, str(path), record.name, refused
+            if step > first:  # absolute: the ledger goes on from any working directory
+                return step, str(Path(path).resolve()), record.name, refused
         return 0, None, None, refused
 
     def scheduled(self, step: int) -> int:
@@ -1129,7 +1151,7 @@ class RecoveryLoop:
             except FileNotFoundError:
                 continue
             if step > first:
-                return step, str(path), record.name
+                return step, str(Path(path).resolve()), record.name
         return 0, None, None
 
     # -- one branch
@@ -1681,6 +1703,9 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
         parser.error(str(error))
     if config.log_root.exists() and not config.log_root.is_dir():
         parser.error(f"--log-root {config.log_root} is a file, not a directory")
+    problem = unwritable_directory(config.log_root)
+    if problem is not None:
+        parser.error(f"--log-root {config.log_root} {problem}: choose a writable directory")
     console = Console() if Console().is_terminal else Console(width=160)
     try:
         return recover(config, console, progress_bar=args.progress, fresh=args.fresh)
@@ -1696,6 +1721,11 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
         raise SystemExit(128 + stop.signum) from None
     except (LedgerMismatch, LedgerUnreadable, NotALogRoot) as error:
         parser.error(str(error))
+    except CheckpointError as error:  # one the ledger names, gone (a moved or copied root)
+        parser.error(
+            f"{error}. The ledger {config.log_root / LEDGER_NAME} names the checkpoints it "
+            "goes on from: continue it where they are, or start anew with --fresh"
+        )
     except RunDirectoryBusy as error:
         # Another recover (or fit) trains there: not a crash, a scheduler may retry later.
         console.print(f"lit-spikes recover: error: {error}")

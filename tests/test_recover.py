@@ -147,6 +147,21 @@ def test_fresh_refuses_a_directory_that_is_no_log_root_and_deletes_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["important.txt", "sub"]
 
 
+def test_a_first_start_refuses_a_directory_with_files_and_deletes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --fresh too: a new loop restarts (deletes) its branch directories, and a
+    directory that holds no ledger is not a loop's."""
+    notes = tmp_path / "base" / "my_notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("data")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--log-root", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"{tmp_path} holds no ledger.json but 1 entries (base)" in capsys.readouterr().err
+    assert notes.read_text() == "data"
+
+
 def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path: Path) -> None:
     from lit_spikes.recover import build_parser, config_from_args
 
@@ -658,3 +673,27 @@ def test_branches_that_give_up_or_compare_start_where_the_uninterrupted_loop_sta
     assert starts(resumed) == starts(straight)
     assert any(kind == "compare" for kind in (b.kind for b in straight.ledger.branches))
     assert_same_outcome(resumed, straight)
+
+
+@pytest.mark.slow
+def test_a_ledger_of_a_relative_log_root_goes_on_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uninterrupted: RecoverResult
+) -> None:
+    """The checkpoints a ledger names are found wherever the command runs from."""
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")
+    crash = lambda record: [Crash(22)] if record.name == "spike1/skip_data" else []  # noqa: E731
+    with pytest.raises(RuntimeError, match="injected crash at step 22"):
+        recover(tiny_config(Path("root")), extra_callbacks=crash)
+    monkeypatch.chdir(tmp_path)  # the same log root, named from its parent now
+    assert_same_outcome(recover(tiny_config(Path("job/root"))), uninterrupted)
+
+
+def test_a_log_root_that_cannot_be_created_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recover", "--log-root", str(tmp_path / "afile" / "sub")])
+    assert exit_info.value.code == 2
+    assert "cannot be created" in capsys.readouterr().err
