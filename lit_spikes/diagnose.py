@@ -258,7 +258,7 @@ class _Replayer:
             max_loss=max(float(r["loss"]) for r in judged),
             max_logit=max(float(r["max_logit"]) for r in judged),
             flagged=flagged,
-            bit_equal=None if self.original is None else loss == self.original,
+            bit_equal=bit_equal(loss, self.original),
             last_step=max(records),
             wall_s=wall,
             detector_from_checkpoint=continued,
@@ -343,6 +343,11 @@ def _judge(
         compared = "no original loss to compare with (pass original_loss / --spike-loss)"
     elif same.bit_equal:
         compared = f"bit-identical to the original {original!r}"
+    elif same.bit_equal is None:
+        compared = (
+            f"the original as given, {original!r} (rounded: bit-equality cannot be told; "
+            "TensorBoard's train/loss has every digit)"
+        )
     else:
         compared = (
             f"the original was {original:.4f} (differs by {same.loss_at_spike - original:+.2e})"
@@ -520,12 +525,20 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
     if args.data_config is not None:
         try:  # YAML, as recover's --config (configs/recover.yaml); JSON is YAML too
             loaded = yaml.safe_load(args.data_config.read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
             raise ValueError(f"--data-config {args.data_config}: {error}") from None
-        loaded = loaded.get("config", loaded)  # a recover ledger holds its config
-        values = dict(loaded.get("data", loaded))
-        if set(values) == {"config"}:  # lit-spikes fit's config.yaml: StepDataModule(config=...)
-            values = dict(values["config"])
+        # a recover ledger holds its config; lit-spikes fit's config.yaml, data.config
+        for key in ("config", "data", "config"):
+            if not isinstance(loaded, dict):
+                break
+            loaded = loaded.get(key, loaded)
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                f"--data-config {args.data_config}: holds a {type(loaded).__name__}, not a "
+                "mapping of DataConfig fields (or a recover ledger or config, or lit-spikes "
+                "fit's config.yaml)"
+            )
+        values = dict(loaded)
     for key, value in (("seed", args.data_seed), ("batch_size", args.batch_size)):
         if value is not None:
             values[key] = value
@@ -544,6 +557,41 @@ def data_from_args(args: argparse.Namespace) -> DataConfig | None:
         return data_config_from_dict(base | values | ({"world": world} if world else {}))
     except TypeError as error:
         raise ValueError(f"--data-config {args.data_config}: {error}") from None
+
+
+def given_decimals(value: float) -> int | None:
+    """The decimals of ``value`` as typed, when it is a rounded one (``2.7175``: 4; None:
+    the shortest form of a float32 logged loss, which has 7 or more significant digits)."""
+    text = repr(value)
+    if "e" in text or "." not in text or len(text.replace("-", "").replace(".", "")) >= 7:
+        return None
+    return len(text.split(".")[1])
+
+
+def bit_equal(loss: float, original: float | None) -> bool | None:
+    """Whether a replay's loss is the original's to the bit: None when there is no
+    original, or when the original was given rounded (``--spike-loss 2.7175``, as this
+    tool prints it) and the loss rounds to it: equality cannot be told. Two NaNs are
+    equal (a replayed NaN is the run's NaN)."""
+    if original is None:
+        return None
+    if loss == original or (math.isnan(loss) and math.isnan(original)):
+        return True
+    decimals = given_decimals(original)
+    if decimals is not None and round(loss, decimals) == original:
+        return None
+    return False
+
+
+def _json_value(value: Any) -> Any:
+    """NaN and inf as strings: JSON has no such numbers (strict parsers refuse them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(item) for item in value]
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> Verdict:
@@ -577,7 +625,8 @@ def main(argv: Sequence[str] | None = None) -> Verdict:
     print_verdict(verdict, console)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(verdict.to_dict(), indent=1) + "\n")
+        text = json.dumps(_json_value(verdict.to_dict()), indent=1, allow_nan=False)
+        args.json.write_text(text + "\n")
     return verdict
 
 

@@ -87,6 +87,13 @@ def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
     assert verdict.cause == "no-spike", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.flagged == [28]
     assert verdict.other_data is None and "give a flagged step" in verdict.evidence[-1]
+    # The loss as this tool prints it (4 decimals) is no proof of a hardware fault.
+    rounded = round(verdict.same_data.loss_at_spike, 4)
+    again = diagnose(checkpoint_path(tmp_path / "quiet", K), 24, original_loss=rounded)
+    assert again.cause == "no-spike" and again.same_data.bit_equal is None, again.evidence
+    assert "rounded: bit-equality cannot be told" in again.evidence[0]
+    off = diagnose(checkpoint_path(tmp_path / "quiet", K), 24, original_loss=rounded + 0.01)
+    assert off.cause == "not-reproducible"
 
 
 def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
@@ -240,3 +247,46 @@ def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Pat
     args = build_parser().parse_args([*argv, "--data-config", str(tmp_path / "data.json")])
     world = replace(TINY_DATA.world, num_people=10)  # num_chars stays the checkpoint's
     assert data_from_args(args) == replace(TINY_DATA, seed=5, world=world)
+
+
+def test_bit_equality_of_nan_and_of_rounded_losses() -> None:
+    from lit_spikes.diagnose import bit_equal, given_decimals
+
+    assert bit_equal(float("nan"), float("nan")) is True  # a replayed NaN is the run's
+    assert bit_equal(2.717482328414917, 2.717482328414917) is True
+    assert bit_equal(2.717482328414917, 2.717482089996338) is False  # float32 neighbours
+    assert bit_equal(2.717482328414917, 2.7175) is None  # rounds to what was given
+    assert bit_equal(2.717482328414917, 2.7176) is False
+    assert bit_equal(1.0, None) is None
+    assert (given_decimals(2.7175), given_decimals(2.717482328414917), given_decimals(3.0)) == (
+        4,
+        None,
+        1,
+    )
+
+
+def test_a_verdict_with_nan_is_strict_json(tmp_path: Path) -> None:
+    from lit_spikes.diagnose import _json_value
+
+    text = json.dumps(
+        _json_value({"loss": float("nan"), "x": [1.0, float("inf")]}), allow_nan=False
+    )
+    assert json.loads(text) == {"loss": "nan", "x": [1.0, "inf"]}
+
+
+@pytest.mark.parametrize(("content", "what"), [("- 1\n- 2\n", "list"), ("3\n", "int")])
+def test_a_data_config_that_is_no_mapping_is_named(tmp_path: Path, content: str, what: str) -> None:
+    import argparse
+
+    from lit_spikes.diagnose import data_from_args
+
+    path = tmp_path / "data.yaml"
+    path.write_text(content)
+    args = argparse.Namespace(
+        data_config=path, data_seed=None, batch_size=None, poison=None, ckpt=tmp_path / "x"
+    )
+    with pytest.raises(ValueError, match=rf"--data-config {path}: holds a {what}, not a mapping"):
+        data_from_args(args)
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match=rf"--data-config {path}: .*codec"):
+        data_from_args(args)
