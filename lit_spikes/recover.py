@@ -106,6 +106,12 @@ LEDGER_VERSION = 1
 # ----------------------------------------------------------------------------- config
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    """A sequence of names; one name alone is a sequence of one (``ladder: scale_lr``),
+    not of its letters."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @dataclass(frozen=True)
 class DetectorConfig:
     """The ``SpikeDetector`` every branch runs (see its docstring for the meaning)."""
@@ -119,7 +125,7 @@ class DetectorConfig:
     """No flag before this global step (None: the end of the LR warm-up)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "metrics", _names(self.metrics))
         if self.min_step is not None and self.min_step < 0:
             raise ValueError(f"DetectorConfig.min_step={self.min_step} must be >= 0 or None")
         self.build(0)  # the detector's own checks, with its own messages
@@ -193,7 +199,7 @@ class RecoverConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_root", Path(self.log_root))
-        object.__setattr__(self, "ladder", tuple(self.ladder))
+        object.__setattr__(self, "ladder", _names(self.ladder))
         steps = self.steps
         if steps < 1:
             raise ValueError(f"RecoverConfig.max_steps={self.max_steps} must be >= 1")
@@ -281,15 +287,25 @@ class RecoverConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown RecoverConfig keys {unknown}; known: {sorted(known)}")
+        builders: dict[str, Callable[..., Any]] = {
+            "gpt": lambda values: GPTConfig(**values),
+            "optim": lambda values: OptimConfig(**values),
+            "data": data_config_from_dict,
+            "detector": lambda values: DetectorConfig(**values),
+        }
         nested: dict[str, Any] = {}
-        if "gpt" in data:
-            nested["gpt"] = GPTConfig(**data.pop("gpt"))
-        if "optim" in data:
-            nested["optim"] = OptimConfig(**data.pop("optim"))
-        if "data" in data:
-            nested["data"] = data_config_from_dict(data.pop("data"))
-        if "detector" in data:
-            nested["detector"] = DetectorConfig(**data.pop("detector"))
+        for key, build in builders.items():
+            if key not in data:
+                continue
+            values = data.pop(key)
+            if values is None:  # "data:" left empty in a YAML file: the defaults
+                continue
+            if not isinstance(values, dict):  # a list, a scalar
+                raise ValueError(
+                    f"RecoverConfig {key}: {values!r} is not a mapping of its fields "
+                    f"(e.g. {key}: {{...}}); leave it out for the defaults"
+                )
+            nested[key] = build(values)
         return cls(**data, **nested)
 
     def identity(self) -> dict[str, Any]:
@@ -1689,7 +1705,11 @@ def config_from_args(args: argparse.Namespace) -> RecoverConfig:
         ("detector", "window", args.detector_window),
     ):
         if value is not None:
-            data.setdefault(section, {})[key] = value
+            if data.get(section) is None:  # absent, or "data:" left empty in the file
+                data[section] = {}
+            if not isinstance(data[section], dict):
+                raise ValueError(f"RecoverConfig {section}: {data[section]!r} is not a mapping")
+            data[section][key] = value
     return RecoverConfig.from_dict(data)
 
 

@@ -184,6 +184,7 @@ def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path:
         ("ledger_version", "ledger version 2 is not 1"),
         ("ledger_torn", "is unreadable"),
         ("file_root", "is a file, not a directory"),
+        ("gpt_list", "RecoverConfig gpt: [1, 2] is not a mapping of its fields"),
     ],
 )
 def test_recover_bad_input_is_a_usage_error_naming_it(
@@ -203,10 +204,23 @@ def test_recover_bad_input_is_a_usage_error_naming_it(
     elif setup == "file_root":
         root.rmdir()
         root.write_text("not a directory")
+    elif setup == "gpt_list":
+        config.write_text("gpt: [1, 2]\n")
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recover", "--config", str(config), "--log-root", str(root)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_remedy_or_metric_alone_is_a_list_of_one_not_of_letters(tmp_path: Path) -> None:
+    from lit_spikes.recover import build_parser, config_from_args
+
+    config = tmp_path / "recover.yaml"
+    config.write_text("ladder: scale_lr\ndetector: {metrics: grad_norm}\ndata:\n")
+    parser = build_parser()
+    loaded = config_from_args(parser.parse_args(["--config", str(config), "--data-seed", "1"]))
+    assert loaded.ladder == ("scale_lr",) and loaded.detector.metrics == ("grad_norm",)
+    assert loaded.data.seed == 1  # an empty data: section takes the flag
 
 
 # ------------------------------------------------------------------ end to end
