@@ -199,8 +199,14 @@ class _Replayer:
         self.config, self.log_root = config, log_root
 
     def run(
-        self, label: str, ckpt_path: Path, skipped: tuple[int, int] | None = None
+        self,
+        label: str,
+        ckpt_path: Path,
+        skipped: tuple[int, int] | None = None,
+        remedies_of: Path | None = None,
     ) -> tuple[Replay, dict[int, dict[str, float]]]:
+        """Replay from ``ckpt_path``, with the remedy callbacks ``remedies_of`` holds (by
+        default the same file's) unless the caller gave callbacks."""
         checkpoint = load_checkpoint(ckpt_path)
         hparams = checkpoint["hyper_parameters"]
         optim = OptimConfig(**hparams["optim"])
@@ -215,11 +221,11 @@ class _Replayer:
         )
         k = int(checkpoint["global_step"])
         end = min(self.spike_step + self.config.horizon + 1, optim.max_steps)
-        callbacks = (
-            callbacks_from_checkpoint(checkpoint)
-            if self.callbacks is None
-            else [copy.deepcopy(cb) for cb in self.callbacks]
-        )
+        if self.callbacks is not None:
+            callbacks = [copy.deepcopy(cb) for cb in self.callbacks]
+        else:
+            remedies = checkpoint if remedies_of is None else load_checkpoint(remedies_of)
+            callbacks = callbacks_from_checkpoint(remedies)
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))
         spec = RunSpec(
@@ -290,7 +296,8 @@ def diagnose(
         trainer_kwargs: other Trainer arguments of the run (``gradient_clip_val``).
         original_loss: the loss the run logged at ``spike_step`` (None: read from the
             TensorBoard events of the checkpoint's run, ``<ckpt>/../..``).
-        earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c).
+        earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
+            remedies ``ckpt_path`` holds (a recover branch's parent's file, too).
         config: replay lengths, the other-data window and the detector.
         log_root: where the replays' TensorBoard runs go (None: a temporary directory).
 
@@ -389,7 +396,9 @@ def _judge(
     earlier: Replay | None = None
     if earlier_ckpt is not None:
         replayer.original = original if original is not None else same.loss_at_spike
-        earlier, _ = replayer.run("replay_earlier_ckpt", Path(earlier_ckpt))
+        # The run's remedies are the later file's: an earlier one may be the parent's, from
+        # before a recover branch started with them (its skip set, its LR scale).
+        earlier, _ = replayer.run("replay_earlier_ckpt", Path(earlier_ckpt), remedies_of=ckpt_path)
     evidence.append(
         f"(b) same state, data positions {window[0]}-{window[1] - 1} skipped (the spike's "
         f"position is {position}): max loss {other.max_loss:.4f} from step "

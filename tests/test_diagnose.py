@@ -290,3 +290,21 @@ def test_a_data_config_that_is_no_mapping_is_named(tmp_path: Path, content: str,
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match=rf"--data-config {path}: .*codec"):
         data_from_args(args)
+
+
+@pytest.mark.slow
+def test_an_earlier_file_of_a_recover_branchs_parent_replays_with_the_branchs_remedy(
+    tmp_path: Path,
+) -> None:
+    """Replay (c) from the base run's file the skip_data branch started from: trained
+    without the branch's skip set it saw other data, and blamed the state."""
+    from lit_spikes.recover import recover
+    from tests.test_recover import tiny_config
+
+    root = tmp_path / "recover"
+    recover(tiny_config(root))
+    ckpt = root / "spike1" / "skip_data" / "checkpoints" / "step=30.ckpt"
+    alone = diagnose(ckpt, 41)
+    with_parent = diagnose(ckpt, 41, earlier_ckpt=root / "base" / "checkpoints" / "step=20.ckpt")
+    assert alone.cause == with_parent.cause == "data-caused", with_parent.evidence
+    assert with_parent.earlier is not None and with_parent.earlier.bit_equal
