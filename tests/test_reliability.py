@@ -613,20 +613,26 @@ fit(Path(sys.argv[1]), "preempted", 400, checkpoint_every=1000,
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
-    tmp_path: Path, signum: signal.Signals
-) -> None:
-    optim = replace(TINY_OPTIM, max_steps=400)
+def start_script(script: str, tmp_path: Path, says: str) -> subprocess.Popen[str]:
+    """``script`` in a child process (argument: ``tmp_path``), once it printed ``says``."""
     child = subprocess.Popen(
-        [sys.executable, "-c", PREEMPTED_RUN, str(tmp_path)],
+        [sys.executable, "-c", script, str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
     assert child.stdout is not None
-    assert child.stdout.readline().strip() == "training"  # step 5 of 400: mid-run, always
+    assert child.stdout.readline().strip() == says
+    return child
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_run_writes_a_checkpoint_and_resume_is_exact(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    optim = replace(TINY_OPTIM, max_steps=400)
+    child = start_script(PREEMPTED_RUN, tmp_path, "training")  # step 5 of 400: mid-run
     child.send_signal(signum)
     events = tmp_path / "preempted"
     _, err = child.communicate(timeout=120)
@@ -762,15 +768,7 @@ fit(Path(sys.argv[1]), "hang", 10, checkpoint_every=5, callbacks=[Hang()])
 def test_a_second_ctrl_c_stops_a_step_that_hangs(tmp_path: Path) -> None:
     """The first signal waits for the step's end; a second one goes to the handlers from
     before (Lightning's KeyboardInterrupt shutdown), not to the same flag."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", HANGING_RUN, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "hanging"
+    child = start_script(HANGING_RUN, tmp_path, "hanging")
     child.send_signal(signal.SIGINT)
     time.sleep(0.5)
     child.send_signal(signal.SIGINT)
