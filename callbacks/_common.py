@@ -69,10 +69,19 @@ def unused_checkpoint_path(dirpath: Path, step: int) -> Path:
 
 
 def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
-    """Whether Lightning's schedule validates after this step, stop or no stop. Only a
-    schedule in steps (``val_check_interval`` an int, ``check_val_every_n_epoch=None``:
-    how this project's runs validate) is read; for any other, True (nothing is skipped)."""
-    every = trainer.val_check_batch
-    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int):
+    """Whether Lightning's schedule validates after this step, stop or no stop (its own
+    rule, ``_TrainingEpochLoop._should_check_val_fx`` less the stop): a schedule in steps,
+    per epoch or in total, and an epoch's last batch. A time-based one cannot be told
+    ahead: True (nothing is skipped)."""
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
         return True
-    return (trainer.fit_loop.epoch_loop.total_batch_idx + 1) % every == 0
+    epoch_loop = trainer.fit_loop.epoch_loop
+    every_epochs, every = trainer.check_val_every_n_epoch, trainer.val_check_batch
+    if every_epochs is not None and (trainer.current_epoch + 1) % every_epochs:
+        return False  # not an epoch that validates
+    if epoch_loop.batch_progress.is_last_batch:
+        return True
+    if not isinstance(every, int):  # inf: only at an epoch's end
+        return False
+    done = epoch_loop.total_batch_idx if every_epochs is None else epoch_loop.batch_idx
+    return (done + 1) % every == 0

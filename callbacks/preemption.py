@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import weakref
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
@@ -32,9 +34,10 @@ class PreemptionCheckpoint(Callback):
     Trainer's CheckpointIO and stops the Trainer cleanly, at once: no validation after the
     file (which Lightning runs when a callback stops it) and no steps to reach
     ``min_steps``/``min_epochs``. An interruption then costs nothing: resuming from that
-    file continues bit-exactly. A signal in the run's last step changes nothing (the run
-    is complete); a second one while the first waits for the step's end goes to the
-    handlers from before (a second Ctrl-C stops a hanging step).
+    file continues bit-exactly. A signal in the run's last step writes nothing more (the
+    run is complete: ``ended_by_signal``); a second Ctrl-C while the first waits for the
+    step's end goes to the handlers from before (it stops a hanging step), a second
+    SIGTERM changes nothing.
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
     training runs, and the previous handlers come back at the end. Python installs signal
@@ -56,22 +59,36 @@ class PreemptionCheckpoint(Callback):
         self.dirpath = Path(dirpath)
         self.received: int | None = None
         self.saved_path: Path | None = None
+        self.ended_by_signal = False
+        """A signal arrived in the run's last step: the run is complete (no file of this
+        callback's), and whoever runs several (recover, the main job) stops after it."""
         self._previous: dict[int, Any] = {}
         self._stop_overrides: dict[str, Any] = {}
+        self._trainer: weakref.ref[pl.Trainer] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        trainer = self._trainer() if self._trainer is not None else None
+        if trainer is None or trainer.state.status != TrainerStatus.RUNNING:
+            # Left installed by a fit that failed before this callback's on_exception ran
+            # (another one's raised first): the handlers from before take it, as they would
+            # have without this callback, and are back for good.
+            self._restore_handlers()
+            signal.raise_signal(signum)
+            return
         if self.received is None:
             self.received = signum
             return
-        # A second signal while the first waits for the step's end (a step that hangs: a
+        if signum != signal.SIGINT:
+            return  # a SIGTERM again (a scheduler and a launcher both forwarding it): the same stop
+        # A second Ctrl-C while the first waits for the step's end (a step that hangs: a
         # stuck collective, a slow read): the handlers from before take it, as if this
-        # callback were not there (Ctrl-C: KeyboardInterrupt, which Lightning shuts down on).
+        # callback were not there (KeyboardInterrupt, which Lightning shuts down on).
         self._restore_handlers()
         signal.raise_signal(signum)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.received, self.saved_path = None, None
+        self.received, self.saved_path, self.ended_by_signal = None, None, False
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn(
                 f"PreemptionCheckpoint: fit runs in thread {threading.current_thread().name!r}, "
@@ -79,6 +96,7 @@ class PreemptionCheckpoint(Callback):
                 "not write a checkpoint in this run. Call fit from the main thread for that."
             )
             return
+        self._trainer = weakref.ref(trainer)
         for signum in HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -96,6 +114,7 @@ class PreemptionCheckpoint(Callback):
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             # The run is complete at this step: its regular final checkpoint follows, and
             # it ends as finished, not as a preempted run with nothing left to resume.
+            self.ended_by_signal = True
             return
         # Beside another run's file of this step (this run's own is never there yet).
         path = unused_checkpoint_path(self.dirpath, trainer.global_step)

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
+from callbacks._common import trainer_callbacks
 from lit_spikes.checkpoints import AtomicCheckpointIO, wait_for_writes
 
 LOCK_NAME = ".lit-spikes.lock"
@@ -81,10 +82,11 @@ class RunDirectoryLock(Callback):
     and ``lit-spikes fit`` take it as soon as the Trainer is built, with ``acquire_for``.
     With a Trainer of your own, call ``acquire_for(trainer)`` before ``fit`` to get the same.
     It is released in ``teardown`` once the checkpoint files are written (just before
-    Lightning's logger writes its last events) or, when a fit fails, at the end of
-    ``AtomicCheckpointIO``'s teardown, after every other callback's ``on_exception`` (with
-    another checkpoint plugin: in this one's). A copy sent to another process (a spawned
-    DDP worker) or a forked child holds nothing.
+    Lightning's logger writes its last events) or, when a fit fails, in ``on_exception``
+    once they are; with a ``ModelCheckpoint(save_on_exception=True)``, which writes in
+    its own ``on_exception`` after this one, at the end of ``AtomicCheckpointIO``'s
+    teardown. A copy sent to another process (a spawned DDP worker) or a forked child
+    holds nothing.
 
     Args:
         directory: the run directory (TensorBoard's, and the checkpoints' parent).
@@ -193,10 +195,17 @@ class RunDirectoryLock(Callback):
         # run after this one (a ModelCheckpoint saving on exception comes last), then the
         # loggers' last events, then the checkpoint plugin's teardown, which waits for the
         # background writes: a run let in before could find the directory still changing.
-        # AtomicCheckpointIO releases the lock at its teardown's end; with another plugin,
-        # now, once this process's writes are done (an error stays for that teardown).
+        # With such a ModelCheckpoint, AtomicCheckpointIO releases the lock at its
+        # teardown's end; otherwise it goes now, once this process's writes are done (an
+        # error stays for that teardown).
+        # Only when one will write then: if a later on_exception raises (that write's own
+        # error), Lightning skips its teardown, and the lock would stay until the process
+        # exits.
         checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
-        if isinstance(checkpoint_io, AtomicCheckpointIO):
+        writes_later = any(
+            getattr(cb, "save_on_exception", False) for cb in trainer_callbacks(trainer)
+        )
+        if writes_later and isinstance(checkpoint_io, AtomicCheckpointIO):
             checkpoint_io.call_after_teardown(self.release)
             return
         try:

@@ -198,7 +198,9 @@ def run_branch(
         trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=branch.ckpt_path)
     for callback in trainer_callbacks(trainer):
-        if isinstance(callback, PreemptionCheckpoint) and callback.saved_path is not None:
+        if not isinstance(callback, PreemptionCheckpoint):
+            continue
+        if callback.saved_path is not None or callback.ended_by_signal:  # even at the end
             signum = int(callback.received or signal.SIGINT)
             raise BranchInterrupted(branch.name, trainer.global_step, signum)
     bpc = trainer.callback_metrics.get("val/bpc")

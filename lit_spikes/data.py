@@ -336,14 +336,18 @@ def check_ends(trainer: pl.Trainer) -> None:
             "OptimConfig.max_steps), or an int limit_train_batches for epochs of that "
             "many steps"
         )
-    validating = trainer.limit_val_batches != 0
-    at_epoch_end = trainer.check_val_every_n_epoch is not None and not isinstance(
-        trainer.val_check_interval, int
-    )
-    if validating and at_epoch_end and not epochs_end:
+    # Lightning sets no val_check_interval for a time-based one (a str, dict, timedelta):
+    # that one validates mid-epoch
+    interval = getattr(trainer, "val_check_interval", None)
+    every_epochs = trainer.check_val_every_n_epoch
+    validating = trainer.limit_val_batches != 0 and interval is not None
+    # An endless stream is one epoch (epoch 0): a float interval waits for its end, and
+    # check_val_every_n_epoch=n > 1 for an epoch n-1 that never comes.
+    never = every_epochs is not None and (not isinstance(interval, int) or every_epochs > 1)
+    if validating and never and not epochs_end:
         warnings.warn(
-            f"val_check_interval={trainer.val_check_interval!r} with check_val_every_n_epoch="
-            f"{trainer.check_val_every_n_epoch} validates at an epoch's end, which "
+            f"val_check_interval={interval!r} with check_val_every_n_epoch={every_epochs} "
+            "validates at the end of an epoch, or in an epoch after the first, which "
             "StepDataModule's endless train stream never reaches: this fit will not "
             "validate. Give val_check_interval=<steps> and check_val_every_n_epoch=None",
             stacklevel=2,

@@ -370,7 +370,13 @@ def _judge(
             else "a fresh detector (the checkpoint holds none of these settings: "
             "--window-before or a detector like the run's may judge otherwise)"
         )
-        replayed = "replays bit-identically" if same.bit_equal else "replays (no original loss)"
+        replayed = (
+            "replays bit-identically"
+            if same.bit_equal
+            else "replays (no original loss)"
+            if original is None
+            else "replays (to the given loss's decimals)"
+        )
         evidence.append(
             f"Step {spike_step} {replayed}, but it is no spike: {judge} flags "
             f"{same.flagged or 'no step'} there. Nothing to diagnose at step {spike_step}; "
@@ -395,7 +401,9 @@ def _judge(
     other, _ = replayer.run("replay_other_data", ckpt_path, window)
     earlier: Replay | None = None
     if earlier_ckpt is not None:
-        replayer.original = original if original is not None else same.loss_at_spike
+        # Against the run's own full loss where one is known to the bit; else (none given,
+        # or one given rounded) the same-data replay's, which matched it
+        replayer.original = original if same.bit_equal else same.loss_at_spike
         # The run's remedies are the later file's: an earlier one may be the parent's, from
         # before a recover branch started with them (its skip set, its LR scale).
         earlier, _ = replayer.run("replay_earlier_ckpt", Path(earlier_ckpt), remedies_of=ckpt_path)
@@ -412,6 +420,7 @@ def _judge(
             f"(c) from the earlier step-{earlier.ckpt_step} checkpoint, same data: loss at step "
             f"{spike_step} {earlier.loss_at_spike:.4f}, "
             + ("bit-identical" if earlier.bit_equal else "not bit-identical")
+            + (" to the same-data replay" if not same.bit_equal else "")
             + f"; flagged steps {earlier.flagged or 'none'}."
         )
         if not back:

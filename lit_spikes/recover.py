@@ -54,6 +54,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -1231,6 +1232,19 @@ class RecoveryLoop:
                 trainer.save_checkpoint(final)  # every rank: a collective under DDP
                 wait_for_writes()  # on disk (or its error raised) before the ledger names it
         self._on_leader(lambda: self._conclude(record, detector, trainer, gate))
+        ended = [
+            cb
+            for cb in trainer_callbacks(trainer)
+            if isinstance(cb, PreemptionCheckpoint) and cb.ended_by_signal
+        ]
+        if ended:  # in the branch's last step (every rank agreed): concluded, then stop
+            received = int(ended[0].received or signal.SIGINT)
+
+            def stopped() -> int:
+                self.event("interrupted", branch=record.name, checkpoint=None)
+                return received
+
+            raise _Interrupted(self._on_leader(stopped))
 
     def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:
         """Rank 0's part of a branch's start: where it starts (its checkpoint and step:
@@ -1731,6 +1745,9 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
         return recover(config, console, progress_bar=args.progress, fresh=args.fresh)
     except RankZeroStopped:
         raise SystemExit(0) from None  # rank 0 says why, and exits with the status
+    except SIGTERMException:
+        # Lightning's own handler (outside a branch's training): SystemExit(None), status 0
+        raise SystemExit(128 + signal.SIGTERM) from None
     except _Interrupted as stop:
         if getattr(rank_zero_only, "rank", 0) != 0:
             raise SystemExit(0) from None  # as above: Lightning's launcher would kill rank 0

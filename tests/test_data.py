@@ -175,3 +175,18 @@ def test_load_from_checkpoint_gives_the_data_module_the_run_trained_with(tmp_pat
     assert other.config.seed == 5
     with pytest.raises(TypeError, match=r"config= only, not \['hparams_file', 'seed'\]"):
         StepDataModule.load_from_checkpoint(ckpt, hparams_file="h.yaml", seed=2)
+
+
+def test_a_time_based_validation_interval_trains_and_validates() -> None:
+    """Lightning sets no val_check_interval for one in time: the check must not need it."""
+    from lit_spikes.module import TinyGPTModule
+    from tests.conftest import TINY_GPT, TINY_OPTIM
+
+    module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+    trainer = _trainer(max_steps=3, val_check_interval={"seconds": 3600}, limit_val_batches=1)
+    trainer.fit(module, datamodule=StepDataModule(TINY_DATA))
+    assert len(module.history) == 3
+    with pytest.warns(UserWarning, match="check_val_every_n_epoch=2 validates"):
+        _trainer(max_steps=2, val_check_interval=1, check_val_every_n_epoch=2).fit(
+            TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM), datamodule=StepDataModule(TINY_DATA)
+        )

@@ -249,6 +249,21 @@ def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Pat
     assert data_from_args(args) == replace(TINY_DATA, seed=5, world=world)
 
 
+def test_a_rounded_original_loss_leaves_replay_c_compared_to_the_bit(tmp_path: Path) -> None:
+    """(c) is compared with the same-data replay's loss, which matched the rounded value:
+    not with the rounded value, which no loss equals."""
+    data = replace(TINY_DATA, poison=(28,))
+    original_run(tmp_path, "poison", data, [])
+    run = tmp_path / "poison"
+    ckpt, earlier = checkpoint_path(run, K), checkpoint_path(run, EARLIER)
+    exact = diagnose(ckpt, 28, earlier_ckpt=earlier)
+    rounded = diagnose(
+        ckpt, 28, original_loss=round(exact.same_data.loss_at_spike, 4), earlier_ckpt=earlier
+    )
+    assert rounded.same_data.bit_equal is None and rounded.earlier is not None
+    assert rounded.earlier.bit_equal is True and rounded.cause == exact.cause == "data-caused"
+
+
 def test_bit_equality_of_nan_and_of_rounded_losses() -> None:
     from lit_spikes.diagnose import bit_equal, given_decimals
 

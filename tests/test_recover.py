@@ -711,3 +711,30 @@ def test_a_log_root_that_cannot_be_created_is_a_usage_error(
         cli_main(["recover", "--log-root", str(tmp_path / "afile" / "sub")])
     assert exit_info.value.code == 2
     assert "cannot be created" in capsys.readouterr().err
+
+
+class SignalAtTheEnd(Callback):
+    """SIGTERM to its own process in the last step of the first branch it runs in."""
+
+    fired = False
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if not SignalAtTheEnd.fired and trainer.global_step == trainer.max_steps:
+            SignalAtTheEnd.fired = True
+            signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_signal_in_a_branchs_last_step_stops_the_loop_after_concluding_it(
+    tmp_path: Path, uninterrupted: RecoverResult
+) -> None:
+    """Not a loop that goes on planning and training branches until the scheduler's
+    SIGKILL: the branch is complete, then the loop stops; the same command goes on."""
+    config = tiny_config(tmp_path / "root")
+    SignalAtTheEnd.fired = False
+    with pytest.raises(_Interrupted):
+        recover(config, extra_callbacks=lambda record: [SignalAtTheEnd()])
+    events = read_ledger(config.log_root).events
+    assert [e["event"] for e in events][-1] == "interrupted"
+    assert events[-1]["checkpoint"] is None  # nothing of the preemption's: the run was done
+    assert_same_outcome(recover(config), uninterrupted)

@@ -749,6 +749,79 @@ def test_a_preemption_keeps_another_histories_file_of_its_step(tmp_path: Path) -
     assert torch.equal(mine["state_dict"]["model.head.weight"], branch.module.model.head.weight)
 
 
+def test_a_second_sigterm_in_one_step_is_the_same_stop(tmp_path: Path) -> None:
+    """A scheduler signals the process group and a launcher forwards it too: the second
+    SIGTERM must not reach Lightning's handler, whose SystemExit(None) exits with 0."""
+
+    class TwoSigterms(Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 3:
+                signal.raise_signal(signal.SIGTERM)
+                signal.raise_signal(signal.SIGTERM)
+
+    run = fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=[TwoSigterms()])
+    assert run.trainer.global_step == 4
+    (preemption,) = [c for c in run.trainer.callbacks if isinstance(c, PreemptionCheckpoint)]
+    assert preemption.saved_path == run.spec.run_dir / "checkpoints" / "step=4.ckpt"
+
+
+def test_preemption_skips_the_stop_time_validation_under_lightnings_default_schedule(
+    tmp_path: Path,
+) -> None:
+    """check_val_every_n_epoch=1 (Lightning's default) with a step interval: the same
+    rule as with None."""
+    validations = Validations()
+    fit(
+        tmp_path,
+        "run",
+        N,
+        checkpoint_every=EVERY,
+        val_every=4,
+        callbacks=[SignalAt(7), validations],
+        check_val_every_n_epoch=1,
+    )
+    assert validations.at == [4]
+
+
+def test_a_failing_on_exception_of_another_callback_still_lets_the_directory_go(
+    tmp_path: Path,
+) -> None:
+    """Lightning skips its teardown when an on_exception raises: the lock is let go in
+    its own on_exception (no checkpoint is saved on exception after it)."""
+
+    class Boom(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 2:
+                raise RuntimeError("boom")
+
+    class FailingOnException(Callback):
+        def on_exception(self, *args: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            callbacks = [Boom(), FailingOnException()]
+            fit(tmp_path, "run", N, checkpoint_every=EVERY, callbacks=callbacks)
+        assert not (tmp_path / "run" / LOCK_NAME).exists()
+        # PreemptionCheckpoint's on_exception never ran (nor Lightning's teardown): its
+        # handler is still installed, and must hand a signal on now, not keep it as a
+        # flag no fit reads (here in a fork, which has the same handlers).
+        child = multiprocessing.get_context("fork").Process(target=_sigterm_self)
+        child.start()
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    finally:  # Lightning's own handler stays too: not into the next tests' processes
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _sigterm_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    handler = signal.getsignal(signal.SIGTERM)
+    sys.exit(3 if isinstance(getattr(handler, "__self__", None), PreemptionCheckpoint) else 0)
+
+
 HANGING_RUN = """
 import sys, time
 from pathlib import Path
