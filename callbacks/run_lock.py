@@ -191,16 +191,13 @@ class RunDirectoryLock(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # Lightning calls no teardown hook after a failure. Other callbacks' on_exception
-        # run after this one (a ModelCheckpoint saving on exception comes last), then the
-        # loggers' last events, then the checkpoint plugin's teardown, which waits for the
-        # background writes: a run let in before could find the directory still changing.
-        # With such a ModelCheckpoint, AtomicCheckpointIO releases the lock at its
-        # teardown's end; otherwise it goes now, once this process's writes are done (an
-        # error stays for that teardown).
-        # Only when one will write then: if a later on_exception raises (that write's own
-        # error), Lightning skips its teardown, and the lock would stay until the process
-        # exits.
+        # Lightning calls no teardown hook after a failure. A ModelCheckpoint saving on
+        # exception writes in its on_exception, after this one (checkpoint callbacks come
+        # last): then AtomicCheckpointIO releases the lock at its teardown's end, after
+        # every on_exception and the written files. Otherwise it goes now, once this
+        # process's writes are done (an error stays for that teardown): deferring always
+        # would keep it until the process exits when a later on_exception raises (Lightning
+        # then skips its teardown).
         checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
         writes_later = any(
             getattr(cb, "save_on_exception", False) for cb in trainer_callbacks(trainer)

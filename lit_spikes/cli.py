@@ -270,7 +270,7 @@ class LitSpikesCLI(LightningCLI):
             callbacks.append(step_checkpoint(dirpath, every))
             callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
         interval, steps = trainer_config.get("val_check_interval"), trainer_config["max_steps"]
-        if training and isinstance(interval, int) and interval > 0 and steps % interval:
+        if training and ValidateAtEnd.needed(interval, steps):
             callbacks.append(ValidateAtEnd())  # the final model's val/bpc
         if not (every and training):
             trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either

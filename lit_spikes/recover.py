@@ -1212,39 +1212,29 @@ class RecoveryLoop:
         finally:
             history_log.close()
             record.wall_s += time.perf_counter() - clock
-        preempted = [
-            cb
-            for cb in trainer_callbacks(trainer)
-            if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
-        ]
-        if preempted:  # every rank saved and stopped at the same step
-            saved = preempted[0].saved_path
-            received = int(preempted[0].received or signal.SIGINT)
-
-            def interrupted() -> int:
-                self.event("interrupted", branch=record.name, checkpoint=saved)
-                return received
-
-            raise _Interrupted(self._on_leader(interrupted))  # rank 0's signal on every rank
+        preemption = next(
+            cb for cb in trainer_callbacks(trainer) if isinstance(cb, PreemptionCheckpoint)
+        )  # RunSpec adds one for a run with checkpoints, as every branch is
+        if preemption.saved_path is not None:  # every rank saved and stopped at one step
+            self._stop_on_signal(record, preemption)
         if gate.stop_spike is None and trainer.global_step >= config.steps:
             final = checkpoint_path(run_dir, config.steps)
             if self._on_leader(lambda: not final.is_file()):
                 trainer.save_checkpoint(final)  # every rank: a collective under DDP
                 wait_for_writes()  # on disk (or its error raised) before the ledger names it
         self._on_leader(lambda: self._conclude(record, detector, trainer, gate))
-        ended = [
-            cb
-            for cb in trainer_callbacks(trainer)
-            if isinstance(cb, PreemptionCheckpoint) and cb.ended_by_signal
-        ]
-        if ended:  # in the branch's last step (every rank agreed): concluded, then stop
-            received = int(ended[0].received or signal.SIGINT)
+        if preemption.ended_by_signal:  # in the branch's last step (every rank agreed)
+            self._stop_on_signal(record, preemption)  # concluded, then stop
 
-            def stopped() -> int:
-                self.event("interrupted", branch=record.name, checkpoint=None)
-                return received
+    def _stop_on_signal(self, record: BranchRecord, preemption: PreemptionCheckpoint) -> None:
+        """Record the interruption and stop the loop with rank 0's signal on every rank."""
+        saved, received = preemption.saved_path, int(preemption.received or signal.SIGINT)
 
-            raise _Interrupted(self._on_leader(stopped))
+        def interrupted() -> int:
+            self.event("interrupted", branch=record.name, checkpoint=saved)
+            return received
+
+        raise _Interrupted(self._on_leader(interrupted))
 
     def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:
         """Rank 0's part of a branch's start: where it starts (its checkpoint and step:

@@ -157,7 +157,7 @@ class RunSpec:
             callbacks.append(
                 step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
             )
-        if self.val_every and self.max_steps % self.val_every:
+        if ValidateAtEnd.needed(self.val_every, self.max_steps):
             callbacks.append(ValidateAtEnd())
         if self.progress_bar:
             callbacks = with_step_progress_bar(callbacks)
@@ -201,6 +201,14 @@ class ValidateAtEnd(Callback):
     would not (``val_check_interval`` that does not divide it): a fit ends with its final
     model's validation. It asks Lightning to stop at that step, which validates at once
     (the validation Lightning runs for an early stop)."""
+
+    @staticmethod
+    def needed(val_check_interval: Any, max_steps: int) -> bool:
+        """Whether a run validating every ``val_check_interval`` steps (an int; anything
+        else: not a schedule in steps) misses its last step: only then is this callback
+        added (each callback costs the loop its hook calls at every step)."""
+        every = val_check_interval
+        return isinstance(every, int) and every > 0 and max_steps % every != 0
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
