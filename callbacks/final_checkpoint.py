@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import trainer_callbacks, unused_checkpoint_path
+from callbacks._common import check_integer, trainer_callbacks, unused_checkpoint_path
 from callbacks.preemption import PreemptionCheckpoint
 
 
@@ -27,7 +27,7 @@ class FinalCheckpoint(Callback):
         every_n_steps: the interval of the run's regular checkpoints.
 
     Raises:
-        ValueError: ``every_n_steps`` below 1.
+        ValueError: ``every_n_steps`` not an integer >= 1.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[step_checkpoint(d, 50), FinalCheckpoint(d, 50)])
@@ -35,8 +35,7 @@ class FinalCheckpoint(Callback):
 
     def __init__(self, dirpath: str | Path, every_n_steps: int) -> None:
         super().__init__()
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps={every_n_steps} must be >= 1")
+        check_integer("every_n_steps", every_n_steps, 1)
         self.dirpath, self.every_n_steps = Path(dirpath), every_n_steps
         self.saved_path: Path | None = None
 

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from callbacks._common import check_integer
 from lit_spikes.checkpoints import checkpoint_files
 
 
@@ -32,7 +33,7 @@ class CheckpointRetention(Callback):
         rollback_distance: steps behind the current one that a rollback may need.
 
     Raises:
-        ValueError: ``keep_last < 1`` or a negative ``rollback_distance``.
+        ValueError: ``keep_last`` not an integer >= 1, ``rollback_distance`` not one >= 0.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[CheckpointRetention("runs/x/checkpoints", 3, 100)])
@@ -40,10 +41,8 @@ class CheckpointRetention(Callback):
 
     def __init__(self, dirpath: str | Path, keep_last: int = 3, rollback_distance: int = 100):
         super().__init__()
-        if keep_last < 1:
-            raise ValueError(f"keep_last={keep_last} must be >= 1")
-        if rollback_distance < 0:
-            raise ValueError(f"rollback_distance={rollback_distance} must be >= 0")
+        check_integer("keep_last", keep_last, 1)  # 2.5 failed at the first prune
+        check_integer("rollback_distance", rollback_distance, 0)  # nan deleted every target
         self.dirpath, self.keep_last = Path(dirpath), keep_last
         self.rollback_distance = rollback_distance
         self.deleted: list[Path] = []

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from callbacks._common import check_integer
 from lit_spikes.checkpoints import newest_valid_checkpoint
 
 
@@ -47,10 +48,8 @@ class RollbackRestore(Callback):
 
     def __init__(self, dirpath: str | Path, spike_step: int, distance: int = 0) -> None:
         super().__init__()
-        if spike_step < 0:
-            raise ValueError(f"spike_step={spike_step} must be >= 0")
-        if distance < 0:
-            raise ValueError(f"distance={distance} must be >= 0")
+        check_integer("spike_step", spike_step, 0)
+        check_integer("distance", distance, 0)
         if distance > spike_step:
             raise ValueError(
                 f"distance={distance} reaches back past step 0 from spike_step={spike_step}: "

@@ -153,7 +153,11 @@ class SkipStep(Callback):
         The gradient norm is identical on every rank already (DDP averaged the gradients)."""
         if trainer.world_size == 1 or self.metric == "grad_norm":
             return local
-        gathered = trainer.strategy.all_gather(torch.tensor([local], dtype=torch.float64))
+        # On the strategy's device: NCCL gathers only tensors on the GPU.
+        device = trainer.strategy.root_device
+        gathered = trainer.strategy.all_gather(
+            torch.tensor([local], dtype=torch.float64, device=device)
+        )
         ranks: list[float] = gathered.reshape(trainer.world_size).tolist()
         return sum(ranks) / len(ranks)
 
@@ -164,6 +168,10 @@ class SkipStep(Callback):
         step = trainer.global_step
         if step in getattr(pl_module, "nonfinite_steps", ()):
             return  # its update is dropped already, and it has no gradient norm to judge
+        if all(p.grad is None for p in pl_module.parameters()):
+            # Another SkipStep before this one dropped the update (on every rank alike) and
+            # recorded its norm: a norm of no gradients (0) must not enter a window.
+            return
         value = self.global_value(trainer, self._local_value(trainer, pl_module))
         if not self.decide(step, value):
             return

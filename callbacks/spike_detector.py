@@ -101,10 +101,12 @@ class SpikeDetector(Callback):
         check_integer("warmup", warmup, 0)
         if ratio is None and z_score is None:
             raise ValueError("ratio=None and z_score=None: give at least one threshold")
+        # Kept as floats: the state key shows them, and ratio=2 and ratio=2.0 (a YAML
+        # integer, a command-line float) must name the same detector in a checkpoint.
         if ratio is not None:
-            check_finite_above("ratio", ratio, 1.0, " (a spike is a rise)")
+            ratio = check_finite_above("ratio", ratio, 1.0, " (a spike is a rise)")
         if z_score is not None:
-            check_finite_above("z_score", z_score, 0.0)
+            z_score = check_finite_above("z_score", z_score, 0.0)
         if mode not in ("any", "all"):
             raise ValueError(f"mode={mode!r} must be 'any' or 'all'")
         if action not in ("log", "stop"):
@@ -230,6 +232,7 @@ class SpikeDetector(Callback):
                 [float(m in record) for m in self.metrics],
             ],
             dtype=torch.float64,
+            device=trainer.strategy.root_device,  # NCCL gathers only tensors on the GPU
         )
         gathered = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2, -1)
         values: dict[str, float] = {}

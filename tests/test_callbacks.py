@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from callbacks import BatchSkipper, LRScaler, RollbackRestore, SkipStep, SpikeDetector
+from callbacks import (
+    BatchSkipper,
+    CheckpointRetention,
+    FinalCheckpoint,
+    LRScaler,
+    RollbackRestore,
+    SkipStep,
+    SpikeDetector,
+)
 from lit_spikes.checkpoints import atomic_torch_save
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import checkpoint_path
@@ -451,3 +461,106 @@ def test_detector_state_key_follows_its_settings() -> None:
     assert detector.state_key == expected == detector.state_key
     detector.window, detector.action = 30, "stop"
     assert "'window': 30" in detector.state_key and "'action': 'stop'" in detector.state_key
+
+
+class _CosineModule(TinyGPTModule):
+    """A scheduler that computes each LR from the current one (most of torch's do)."""
+
+    def configure_optimizers(self) -> dict[str, object]:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.01)
+        cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cosine, "interval": "step"}}
+
+
+class _NoSchedulerModule(TinyGPTModule):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+
+def _lrs(module: TinyGPTModule, callbacks: list[object], steps: int = 8) -> list[float]:
+    import lightning.pytorch as pl
+
+    from lit_spikes.data import StepDataModule
+
+    trainer = pl.Trainer(
+        max_steps=steps,
+        callbacks=callbacks,  # type: ignore[arg-type]
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, datamodule=StepDataModule(TINY_DATA))
+    return [record["lr"] for record in module.history]
+
+
+def test_lr_scaler_leaves_a_recursive_schedule_untouched() -> None:
+    """Cosine annealing computes each LR from the last one: the scaled LR must not become
+    its own, or the factor compounds every step and stays after end_step."""
+    from tests.conftest import TINY_GPT
+
+    plain = _lrs(_CosineModule(gpt=TINY_GPT, optim=TINY_OPTIM), [])
+    scaled = _lrs(
+        _CosineModule(gpt=TINY_GPT, optim=TINY_OPTIM), [LRScaler(0.5, start_step=2, end_step=5)]
+    )
+    expected = [lr * 0.5 if 2 <= step < 5 else lr for step, lr in enumerate(plain)]
+    assert scaled == expected
+
+
+def test_lr_scaler_refuses_an_optimizer_without_a_scheduler() -> None:
+    from tests.conftest import TINY_GPT
+
+    module = _NoSchedulerModule(gpt=TINY_GPT, optim=TINY_OPTIM)
+    with pytest.raises(ValueError, match="optimizer 0 \\(AdamW\\) has none"):
+        _lrs(module, [LRScaler(0.5, start_step=2)])
+
+
+def test_a_second_skip_step_ignores_an_update_the_first_dropped(tmp_path: Path) -> None:
+    """Two SkipSteps in one Trainer: after the first drops step 8's gradients, the second
+    must neither take a norm of no gradients (0) into its window nor overwrite the norm
+    the first recorded (a SpikeDetector on grad_norm reads it)."""
+    data = replace(TINY_DATA, poison=(8,))
+    first = SkipStep(metric="loss", window=4, sigma=0.1, warmup=2)
+    second = SkipStep(metric="grad_norm", window=20, sigma=6.0, warmup=2)
+    again = SkipStep(metric="loss", window=4, sigma=0.1, warmup=2, start_step=1)
+    run = fit(tmp_path, "two", 12, callbacks=[first, second, again], data=data)
+    assert 8 in first.skipped_steps
+    assert 0.0 not in second.values
+    norms = {int(r["step"]): r["grad_norm"] for r in run.module.history}
+    alone = SkipStep(metric="loss", window=4, sigma=0.1, warmup=2)
+    reference = fit(tmp_path, "one", 12, callbacks=[alone], data=data)
+    assert alone.skipped_steps == first.skipped_steps
+    assert norms == {int(r["step"]): r["grad_norm"] for r in reference.module.history}
+    assert all(norm > 0 for norm in norms.values())
+
+
+def test_a_setting_written_as_an_integer_names_the_same_callback_state() -> None:
+    """ratio: 2 in a YAML config and --ratio 2.0 on a command line are one detector: a
+    resume must find its checkpointed window under either."""
+    assert SpikeDetector(ratio=2).state_key == SpikeDetector(ratio=2.0).state_key
+    assert SpikeDetector(z_score=3).state_key == SpikeDetector(z_score=3.0).state_key
+    assert LRScaler(1, start_step=4).state_key == LRScaler(1.0, start_step=4).state_key
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: CheckpointRetention("d", keep_last=2.5), "keep_last=2.5 must be an integer >= 1"),
+        (lambda: CheckpointRetention("d", keep_last=True), "keep_last=True must be an integer"),
+        (
+            lambda: CheckpointRetention("d", rollback_distance=math.nan),
+            "rollback_distance=nan must be an integer >= 0",
+        ),
+        (lambda: RollbackRestore("d", spike_step=122.5), "spike_step=122.5 must be an integer"),
+        (lambda: RollbackRestore("d", spike_step="122"), "spike_step='122' must be an integer"),
+        (lambda: FinalCheckpoint("d", every_n_steps=2.5), "every_n_steps=2.5 must be an integer"),
+    ],
+)
+def test_checkpoint_callbacks_refuse_non_integer_steps_naming_them(
+    build: Any, message: str
+) -> None:
+    """Each failed mid-training (a slice of 2.5) or silently deleted every rollback
+    target (a NaN horizon): refused when built instead."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()
