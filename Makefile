@@ -1,5 +1,5 @@
 # The two commands of the contract: `make demo` (the main job) and `make test`.
-# Both need only python3 (>= 3.10): they create .venv here and install into it.
+# Both need only python3 (>= 3.11, as the pinned numpy and matplotlib do): they create .venv here and install into it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet pip==26.3
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev]'
 	touch $(STAMP)
 

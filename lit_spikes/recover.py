@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -903,7 +903,7 @@ class RecoveryLoop:
         """Record an event and (unless ``save=False``: a decision that the next saved
         event completes, so an interruption between them leaves no half of it) write
         the ledger."""
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
         self.ledger.events.append({"time": stamp, "event": kind, **plain_config(detail)})
         if save:
             self.save()

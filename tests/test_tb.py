@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -223,15 +222,22 @@ def test_every_step_scalar_follows_log_every_n_steps_with_or_without_a_bar(
     assert ("train/loss" in trainer.callback_metrics) == bar  # self.log feeds a bar only
 
 
-def test_a_module_that_never_hands_over_still_shows_within_max_wait_s(tmp_path: Path) -> None:
+def test_a_module_that_never_hands_over_still_shows_within_max_wait_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another module logs through Lightning and never calls hand_over: its steps are
     written once one is logged max_wait_s after the oldest waiting, not after 100 of them."""
+    import lit_spikes.tb as tb_module
+
+    now = [1_000_000.0]  # the logger's clock, moved by the test alone (no scheduling race)
+    monkeypatch.setattr(tb_module, "time", type("Clock", (), {"time": lambda: now[0]}))
     logger = TensorBoardStepLogger(str(tmp_path), name="run", version="", max_wait_s=0.05)
     logger.log_metrics({"loss": 0.0}, step=0)
+    now[0] += 0.049
     logger.log_metrics({"loss": 1.0}, step=1)
     logger.save()
-    assert tb_scalars(tmp_path / "run") == {}  # still waiting: no time has passed
-    time.sleep(0.06)
+    assert tb_scalars(tmp_path / "run") == {}  # still waiting: 0.049 s after the oldest
+    now[0] += 0.002
     logger.log_metrics({"loss": 2.0}, step=2)
     logger.save()
     assert [s for s, _ in tb_scalars(tmp_path / "run")["loss"]] == [0, 1, 2]
