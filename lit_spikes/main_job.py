@@ -12,8 +12,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +148,46 @@ def read_ledger(log_root: Path) -> list[LedgerRow] | None:
     return [LedgerRow(**row) for row in json.loads(path.read_text())]
 
 
+class MainJobInterrupted(BaseException):
+    """Ctrl-C or SIGTERM stopped the main job outside a run that checkpoints (a branch
+    trained in this process, a wait for the workers). A ``BaseException``, as
+    ``KeyboardInterrupt``: no ``except Exception`` on its way may swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"{signal.Signals(self.signum).name} stopped it"
+
+
+@contextmanager
+def _signals_stop_the_job() -> Iterator[None]:
+    """While the job runs, SIGINT and SIGTERM raise ``MainJobInterrupted`` in the main
+    thread; Lightning's SIGTERM handler calls this one too, and a run's
+    ``PreemptionCheckpoint`` hands it a second signal. Without it, a SIGTERM during a
+    branch trained here ended the job with status 0 (Lightning's ``SIGTERMException`` is
+    a ``SystemExit(None)``), a Ctrl-C there with 1, and a SIGTERM while this process
+    waited for its workers killed it at once and left them training, orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (a job run from another thread)
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: Any) -> None:
+        for number, handler in previous.items():  # a second signal: as before the job
+            signal.signal(number, handler)
+        raise MainJobInterrupted(signum)
+
+    for signum in previous:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_main_job(
     setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3), console: Console | None = None
 ) -> MainJobResult:
@@ -167,7 +211,8 @@ def run_main_job(
     if leader:  # before the files of a main job that may be running there are removed
         root_lock.acquire()
     try:
-        return _run_main_job(setup, demos, console, leader)
+        with _signals_stop_the_job():
+            return _run_main_job(setup, demos, console, leader)
     finally:
         root_lock.release()
 
@@ -319,7 +364,7 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
-    except BranchInterrupted as stop:  # Ctrl-C or SIGTERM: no tables from cut-short runs
+    except (BranchInterrupted, MainJobInterrupted) as stop:  # no tables from cut-short runs
         print(f"main job: {stop}; run it again to start over", file=sys.stderr)
         raise SystemExit(128 + stop.signum) from None
 

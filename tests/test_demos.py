@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 
 from callbacks import RunDirectoryBusy
@@ -345,3 +347,47 @@ def test_a_signal_stops_the_main_job_with_no_tables_from_cut_short_runs(
         run_main_job(setup, console=Console(quiet=True))
     assert time.perf_counter() - start < 60
     assert (setup.log_root / "demo1" / "reference" / "checkpoints" / "step=16.ckpt").is_file()
+
+
+class SignalsTheMainJobOnce(Callback):
+    """For demo 2's branches: at ``step``, the first branch there (in this process or in
+    a worker) sends ``signum`` to the main job's process, the others nothing (a marker
+    file created exclusively): one signal stops the job."""
+
+    def __init__(self, pid: int, step: int, signum: int, marker: Path) -> None:
+        self.pid, self.step, self.signum, self.marker = pid, step, signum, marker
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step != self.step:
+            return
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os.kill(self.pid, self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: signal.Signals
+) -> None:
+    """A branch trained in this process has no PreemptionCheckpoint: Lightning's SIGTERM
+    ended the job with status 0 (SystemExit(None)), its Ctrl-C with 1; and a signal
+    while this process only waited for its workers killed it, leaving them orphaned."""
+    import lit_spikes.main_job as main_job_module
+    from lit_spikes.main_job import MainJobInterrupted
+
+    real = main_job_module.demo2_branches
+    marker = tmp_path / "signalled"
+
+    def with_signal(setup: DemoSetup, plan: Any) -> Any:
+        stop = SignalsTheMainJobOnce(os.getpid(), 30, signum, marker)
+        return [replace(b, callbacks=[*b.callbacks, stop]) for b in real(setup, plan)]
+
+    monkeypatch.setattr(main_job_module, "demo2_branches", with_signal)
+    handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    with pytest.raises(MainJobInterrupted) as stopped:
+        run_main_job(tiny_setup(tmp_path / "runs", workers=1), console=Console(quiet=True))
+    assert stopped.value.signum == signum and marker.exists()
+    assert str(stopped.value) == f"{signum.name} stopped it"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
