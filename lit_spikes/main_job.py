@@ -350,6 +350,10 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
             parser.error(f"{flag} {path} {problem}")
     if args.devices < 1:
         parser.error(f"--devices={args.devices} must be >= 1")
+    # Now, before the previous results are cleared and the reference trains: a spawned
+    # or forked process keeps each run's history to itself, which the tables need.
+    if args.strategy not in ("auto", "ddp"):
+        parser.error(f"--strategy={args.strategy!r} must be auto or ddp")
     trainer_kwargs: dict[str, Any] = {}
     if args.devices > 1 or args.strategy != "auto":
         trainer_kwargs = {"devices": args.devices, "strategy": args.strategy}
@@ -359,6 +363,13 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
         figures_dir=args.figures_dir,
         trainer_kwargs=trainer_kwargs,
     )
+    rows = setup.data.batch_size
+    if rows % args.devices:
+        choices = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
+        parser.error(
+            f"--devices={args.devices}: the demos' batch of {rows} rows per step is split "
+            f"over the processes, so their number must divide it ({choices})"
+        )
     try:
         run_main_job(setup, demos)
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later

@@ -301,6 +301,34 @@ def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
     assert kept.exists()
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--strategy", "bogus"], "--strategy='bogus' must be auto or ddp"),
+        (["--devices", "2", "--strategy", "ddp_spawn"], "--strategy='ddp_spawn' must be auto"),
+        (["--devices", "3", "--strategy", "ddp"], "--devices=3: the demos' batch of 16 rows"),
+    ],
+)
+def test_main_job_refuses_a_strategy_or_device_count_before_it_clears_or_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """A bogus strategy failed in Lightning after the last results were cleared; a spawned
+    DDP trained the reference and then failed on a temporary file; 3 processes failed on
+    a batch size the main job has no flag for."""
+    from lit_spikes.main_job import main
+
+    log_root = tmp_path / "runs"
+    kept = log_root / "demo2" / "ledger.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("[]")
+    argv = ["--log-root", str(log_root), "--figures-dir", str(tmp_path / "figures"), *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert kept.exists() and sorted(log_root.rglob("*")) == [kept.parent, kept]
+
+
 def test_one_demo_run_again_keeps_the_other_demos_runs(tmp_path: Path) -> None:
     """Demo 1 alone (scripts/demo_checkpoints.py) retrains the reference, but demo 2's runs
     and the ledger demo 3 reads stay."""
