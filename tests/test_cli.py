@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.cli import main
 from tests.conftest import TINY_CLI
@@ -77,6 +79,15 @@ def test_console_script_exits_zero(tmp_path: Path) -> None:
     assert "LitSpikesCLI object" not in result.stdout + result.stderr
 
 
+class AnnounceTraining(Callback):
+    """Prints ``training`` after step 2: a test's cue that the run's signal handlers
+    (Lightning's, ``PreemptionCheckpoint``'s) are in place."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == 2:
+            print("training", flush=True)
+
+
 @pytest.mark.parametrize("every", ["0", "1000"])
 def test_console_script_stopped_by_sigterm_exits_128_plus_the_signal(
     tmp_path: Path, every: str
@@ -86,27 +97,31 @@ def test_console_script_stopped_by_sigterm_exits_128_plus_the_signal(
     import signal
     import subprocess
     import sys
-    import time
 
     script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
     run = ["fit", *TINY_CLI, "--trainer.default_root_dir", str(tmp_path), "--checkpoint_every"]
     run += [every, "--trainer.max_steps", "100000", "--model.optim.max_steps", "100000"]
+    run += ["--trainer.callbacks+=tests.test_cli.AnnounceTraining"]
     child = subprocess.Popen(
-        [sys.executable, "-c", script, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", script, *run],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob("events.out.tfevents.*")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the logger's file exists once training runs
-        time.sleep(1.0)
+        assert child.stdout is not None
+        for line in child.stdout:  # once it trains, every signal handler is in place
+            if line.strip() == "training":
+                break
         child.send_signal(signal.SIGTERM)
         _, stderr = child.communicate(timeout=120)
     finally:
         child.kill()
-    assert child.returncode == 128 + signal.SIGTERM, stderr.decode()[-2000:]
+    assert child.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     if every != "0":  # the file the preemption wrote, and how to go on from it
         hint = f"resume with the same command and --ckpt_path {tmp_path / 'checkpoints'}/step="
-        assert hint in stderr.decode()
+        assert hint in stderr
 
 
 def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
