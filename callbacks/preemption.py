@@ -28,6 +28,16 @@ def rank_zero_warn_log(message: str) -> None:
     _log.warning(message)
 
 
+def _ends_at_this_step(trainer: pl.Trainer) -> bool:
+    """Whether the fit ends after this step anyway: ``max_steps`` reached, or the last
+    batch of the last epoch (a run of epochs, with an int ``limit_train_batches``)."""
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    loop = trainer.fit_loop
+    last_epoch = loop.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= loop.max_epochs
+    return last_epoch and loop.epoch_loop.batch_progress.is_last_batch
+
+
 class PreemptionCheckpoint(Callback):
     """On SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) during training, sets a
     flag; at the next step boundary it writes ``<dirpath>/step=<k>.ckpt`` through the
@@ -111,7 +121,7 @@ class PreemptionCheckpoint(Callback):
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if not received:
             return
-        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        if _ends_at_this_step(trainer):
             # The run is complete at this step: its regular final checkpoint follows, and
             # it ends as finished, not as a preempted run with nothing left to resume.
             self.ended_by_signal = True

@@ -24,6 +24,9 @@ class CheckpointRetention(Callback):
       file written before it instead (rollbacks pass over every later one);
     - the file this run was resumed from.
 
+    A spike flagged steps ago and acted on only now may find its rollback target pruned:
+    roll back when the spike is flagged (``recover`` does), or keep a longer distance.
+
     Pruning runs at the start of a step and at the end of training, so the checkpoint the
     previous step wrote is complete (written atomically) before any older one goes.
 

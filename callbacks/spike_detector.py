@@ -59,6 +59,9 @@ class SpikeDetector(Callback):
     gradient all-reduce). Each spike record then also holds ``rank_values``, the values of
     each rank, to show which shard it came from. With one process nothing is gathered.
 
+    Two detectors in one Trainer must differ in a setting other than ``min_step``, which
+    is not part of the state key (Lightning refuses two stateful callbacks of one key).
+
     Args:
         metrics: which per-step values to watch: ``"loss"``, ``"max_logit"``, ``"grad_norm"``.
         window: steps in the rolling reference.

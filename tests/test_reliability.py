@@ -740,6 +740,26 @@ def test_a_signal_in_the_last_step_ends_the_run_as_finished(tmp_path: Path) -> N
     assert names == [f"step={k}.ckpt" for k in sorted(map(str, range(EVERY, N + 1, EVERY)))]
 
 
+@pytest.mark.parametrize(("signal_step", "preempted"), [(6, False), (3, True)])
+def test_a_signal_in_the_last_step_of_a_run_of_epochs_ends_it_as_finished(
+    tmp_path: Path, signal_step: int, preempted: bool
+) -> None:
+    """A run that max_epochs ends (int limit_train_batches) ends at its last batch as
+    finished too: it was reported preempted, with a file and nothing to resume."""
+    from lit_spikes.data import StepDataModule
+    from lit_spikes.training import RunSpec
+
+    epochs = {"max_steps": -1, "max_epochs": 1, "limit_train_batches": 6, "limit_val_batches": 0}
+    spec = RunSpec(tmp_path, "run", 6, checkpoint_every=100, callbacks=[SignalAt(signal_step)])
+    spec.progress_bar, spec.trainer_kwargs = False, epochs
+    trainer = spec.trainer()
+    trainer.fit(TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM), datamodule=StepDataModule(TINY_DATA))
+    (preemption,) = [c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)]
+    assert (preemption.saved_path is not None) == preempted
+    assert preemption.ended_by_signal == (not preempted)
+    assert trainer.global_step == signal_step
+
+
 def test_a_preemption_keeps_another_histories_file_of_its_step(tmp_path: Path) -> None:
     """As ModelCheckpoint does: step=<k>-v1.ckpt beside it, not over it."""
     first = fit(tmp_path, "run", 2 * EVERY, checkpoint_every=EVERY)
