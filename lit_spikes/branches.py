@@ -268,6 +268,17 @@ def _start_worker(reports: Any) -> None:
     # marker): a worker need not wait at its exit for a reader that may be gone.
     reports.cancel_join_thread()
     torch.set_num_threads(1)
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: Any) -> None:
+    """Ends this worker when the process that started it is gone (SIGKILL, a crash): no
+    one would read its result, and an orphan would go on training, then block forever on
+    a pipe nobody reads. Its checkpoints are atomic: none is left half-written."""
+    parent.join()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _worker(branch: Branch, log_root: Path) -> BranchResult:

@@ -129,3 +129,56 @@ def test_an_idle_worker_outlives_the_terminals_ctrl_c(tmp_path: Path) -> None:
         done = [name for kind, name, _ in runner.events() if kind == "done"]
     assert done == ["after"]
     assert runner.results["after"].state
+
+
+BUSY_WORKER = """
+import sys, time
+from pathlib import Path
+from lit_spikes.branches import BranchRunner, _ready
+runner = BranchRunner(Path(sys.argv[1]), workers=1)
+runner.__enter__()
+runner._starter.join()
+runner._pool.submit(_ready).result()
+(worker,) = runner._pool._processes.values()
+runner._pool.submit(time.sleep, 600)  # busy, as a worker training a long branch
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_busy_worker_ends_when_the_main_process_is_killed(tmp_path: Path) -> None:
+    """SIGKILL (or a crash) of the main job leaves no handler to stop its workers: each
+    must notice by itself, not train on as an orphan that then blocks on a dead pipe."""
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-c", BUSY_WORKER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
+    assert child.stdout is not None
+    pid = int(child.stdout.readline())
+    try:
+        assert _alive(pid)
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
