@@ -17,6 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,20 @@ class BranchInterrupted(Exception):
 
     def __str__(self) -> str:
         return f"{signal.Signals(self.signum).name} stopped run {self.name} after step {self.step}"
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died (a signal, the kernel's out-of-memory killer) while it
+    trained branches: the pool cannot go on, and these branches have no result."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        which = ", ".join(self.names) if self.names else "a branch"
+        super().__init__(
+            f"a worker process died while training {which} (killed by a signal, or out of "
+            "memory?): the branches cannot go on; run it again (with fewer workers if "
+            "memory ran out)"
+        )
 
 
 @dataclass
@@ -360,6 +375,8 @@ class BranchRunner:
         self._drain_error: BaseException | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
+        self._broken = False
+        """A worker died: nothing more goes to the pool; ``_raise_if_broken`` says so."""
 
     def __enter__(self) -> BranchRunner:
         context = _context()
@@ -434,10 +451,31 @@ class BranchRunner:
         if self._start_error is not None:
             raise self._start_error
         busy = sum(not future.done() for future in self._futures)
-        while self._pending and busy < self.workers:
-            branch = self._pending.popleft()
-            self._futures[self._pool.submit(_worker, branch, self.log_root)] = branch.name
+        while self._pending and busy < self.workers and not self._broken:
+            branch = self._pending[0]
+            try:
+                future = self._pool.submit(_worker, branch, self.log_root)
+            except BrokenProcessPool:
+                # Not here: this may run in a branch's callback in this process (a
+                # reference training on), which the error would abort nameless. Said once
+                # that run is done, naming the branches the dead worker took with it.
+                self._broken = True
+                return
+            self._pending.popleft()
+            self._futures[future] = branch.name
             busy += 1
+
+    def _raise_if_broken(self) -> None:
+        """Raises WorkerDied if a worker died, naming the branches it left without a
+        result (each future of the pool fails once one of its processes dies)."""
+        with self._lock:
+            lost = [
+                name
+                for future, name in self._futures.items()
+                if future.done() and isinstance(future.exception(), BrokenProcessPool)
+            ]
+        if lost or self._broken:
+            raise WorkerDied(lost)
 
     def _show_progress(self, name: str, step: int) -> None:
         task, first = self._tasks[name]
@@ -467,6 +505,7 @@ class BranchRunner:
             drain.join()
         if self._drain_error is not None:
             raise self._drain_error
+        self._raise_if_broken()
         self.results[branch.name] = result
         task, _ = self._tasks[branch.name]
         self._progress.update(task, completed=self._progress.tasks[task].total)
@@ -506,6 +545,7 @@ class BranchRunner:
         while True:
             while self._held:
                 yield self._held.popleft()
+            self._raise_if_broken()  # before this process takes a branch of its own
             with self._lock:
                 self._dispatch()
                 mine = self._pending.popleft() if self._pending else None
@@ -526,6 +566,7 @@ class BranchRunner:
                 self._take_report(kind, name, payload)
             while self._held:
                 yield self._held.popleft()
+            self._raise_if_broken()
             with self._lock:
                 finished = [
                     (future, name)

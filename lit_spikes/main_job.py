@@ -26,7 +26,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
 from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
-from lit_spikes.branches import BranchInterrupted, BranchResult, BranchRunner, run_branch
+from lit_spikes.branches import (
+    BranchInterrupted,
+    BranchResult,
+    BranchRunner,
+    WorkerDied,
+    run_branch,
+)
 from lit_spikes.demos import (
     REFERENCE,
     Demo1Report,
@@ -375,6 +381,9 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
+    except WorkerDied as error:  # not this code's fault: say which branches, not a traceback
+        print(f"main job: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except (BranchInterrupted, MainJobInterrupted) as stop:  # no tables from cut-short runs
         print(f"main job: {stop}; run it again to start over", file=sys.stderr)
         raise SystemExit(128 + stop.signum) from None

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.branches import Branch, BranchRunner, _ready, run_branch
 from lit_spikes.training import checkpoint_path
@@ -182,3 +183,43 @@ def test_a_busy_worker_ends_when_the_main_process_is_killed(tmp_path: Path) -> N
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+class DiesInAWorker(Callback):
+    """SIGKILLs the process training the branch at ``step``, unless it is ``main_pid``
+    (as the kernel's out-of-memory killer would)."""
+
+    def __init__(self, main_pid: int, step: int) -> None:
+        self.main_pid, self.step = main_pid, step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step and os.getpid() != self.main_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_branch_is_named_once_this_process_run_ends(tmp_path: Path) -> None:
+    """The pool breaks when a worker dies: a branch this process trains meanwhile, which
+    queues another at its checkpoint, must train on (it was aborted from its own callback
+    with a nameless BrokenProcessPool), and the error then names the lost branch."""
+    import time
+
+    from lit_spikes.branches import WorkerDied
+
+    with (
+        pytest.raises(WorkerDied, match="while training doomed") as died,
+        BranchRunner(tmp_path, workers=1) as runner,
+    ):
+        runner._starter.join()
+        runner.submit(tiny_branch("doomed", callbacks=[DiesInAWorker(os.getpid(), 2)]))
+        deadline = time.monotonic() + 60
+        while not all(f.done() for f in runner._futures) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        def queue_one(kind: str, name: str, payload: Any) -> None:
+            if kind == "checkpoint" and payload == K:
+                runner.submit(tiny_branch("after"))
+
+        runner.run_here(tiny_branch("reference", checkpoint_every=K), queue_one)
+    assert died.value.names == ["doomed"]
+    assert checkpoint_path(tmp_path / "reference", N).is_file()  # trained to its end
