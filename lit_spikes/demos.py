@@ -368,11 +368,16 @@ class SpikePlan:
     """The detector's reference (rolling mean) the onset was compared with."""
 
 
+class NoSpikeAfterWarmup(RuntimeError):
+    """The reference run had no loss spike after warm-up: demo 2 has nothing to remedy
+    (demo 1 does not need one)."""
+
+
 def plan_remedies(setup: DemoSetup, spikes: list[dict[str, Any]]) -> SpikePlan:
     """Derive demo 2's checkpoint and skip windows from the spikes the detector found.
 
     Raises:
-        RuntimeError: the reference run had no spike after warm-up.
+        NoSpikeAfterWarmup: the reference run had no spike after warm-up.
     """
     from callbacks.rollback import RollbackRestore
 
@@ -381,10 +386,11 @@ def plan_remedies(setup: DemoSetup, spikes: list[dict[str, Any]]) -> SpikePlan:
         key=lambda s: int(s["step"]),
     )
     if not after:
-        raise RuntimeError(
+        raise NoSpikeAfterWarmup(
             "the reference run had no loss spike after warm-up, so demo 2 has nothing to "
-            f"remedy (spike steps: {[s['step'] for s in spikes]}); the numerics moved: try "
-            "other seeds"
+            f"remedy (spike steps: {[s['step'] for s in spikes]}). The spike depends on the "
+            "CPU's kernels and on the seeds: from Python, DemoSetup(model_seed=...) or "
+            "DemoSetup(data=DataConfig(seed=...)) moves it"
         )
     first = after[0]
     onset, window, distance = int(first["step"]), setup.skip_window, setup.rollback_distance

@@ -39,6 +39,7 @@ from lit_spikes.demos import (
     Demo2Report,
     DemoSetup,
     LedgerRow,
+    NoSpikeAfterWarmup,
     PalmCost,
     SpikePlan,
     default_workers,
@@ -243,9 +244,9 @@ def _run_main_job(
         f"and its branches, {how}"
     )
     if setup.distributed:
-        results, plan = _run_in_sequence(setup, demos, need_plan)
+        results, plan, no_spike = _run_in_sequence(setup, demos, need_plan)
     else:
-        results, plan = _run_in_parallel(setup, demos, need_plan)
+        results, plan, no_spike = _run_in_parallel(setup, demos, need_plan)
     train = time.perf_counter() - start
     reference = results[REFERENCE]
     demo1 = demo2 = ledger = None
@@ -272,14 +273,17 @@ def _run_main_job(
             console.print(f"Figure: {figure}")
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
+    if no_spike is not None:
+        raise no_spike  # after demo 1's table and figure: that demo needs no spike
     return MainJobResult(reference, demo1, demo2, ledger, wall, train, results)
 
 
 def _run_in_parallel(
     setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
-) -> tuple[dict[str, BranchResult], SpikePlan | None]:
+) -> tuple[dict[str, BranchResult], SpikePlan | None, NoSpikeAfterWarmup | None]:
     """The reference trains in this process from the first second; ``setup.workers``
-    worker processes take each branch as soon as what it needs is on disk."""
+    worker processes take each branch as soon as what it needs is on disk. Without a
+    spike after warm-up demo 1 is still run (its error is returned, for after it)."""
     plan: SpikePlan | None = None
     spikes: list[dict[str, Any]] = []
     waiting_for_demo1 = 1 in demos
@@ -299,29 +303,36 @@ def _run_in_parallel(
                         runner.submit(branch)
 
         runner.run_here(setup.reference(), on_report)
+        no_spike = None
         if need_plan and plan is None:
-            plan_remedies(setup, spikes)  # no spike after warm-up: its clear error
+            try:
+                plan_remedies(setup, spikes)  # no spike after warm-up: its clear error
+            except NoSpikeAfterWarmup as error:
+                no_spike = error
         for _ in runner.events():
             pass
-    return runner.results, plan
+    return runner.results, plan, no_spike
 
 
 def _run_in_sequence(
     setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
-) -> tuple[dict[str, BranchResult], SpikePlan | None]:
+) -> tuple[dict[str, BranchResult], SpikePlan | None, NoSpikeAfterWarmup | None]:
     """Every rank runs the same runs in the same order (the detector's spikes are the
     same on every rank, so is the plan)."""
     reference = run_branch(setup.reference(), setup.log_root)
     results = {REFERENCE: reference}
     branches = demo1_branches(setup) if 1 in demos else []
-    plan = None
+    plan, no_spike = None, None
     if need_plan:
         spikes = reference.callback_states.get("SpikeDetector", {}).get("spikes", [])
-        plan = plan_remedies(setup, spikes)
-        branches += demo2_branches(setup, plan)
+        try:
+            plan = plan_remedies(setup, spikes)
+            branches += demo2_branches(setup, plan)
+        except NoSpikeAfterWarmup as error:
+            no_spike = error
     for branch in branches:
         results[branch.name] = run_branch(branch, setup.log_root)
-    return results, plan
+    return results, plan, no_spike
 
 
 def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> None:
@@ -381,6 +392,9 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
+    except NoSpikeAfterWarmup as error:  # demo 1's table is out; demo 2 had nothing to do
+        print(f"main job: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except WorkerDied as error:  # not this code's fault: say which branches, not a traceback
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -419,3 +419,19 @@ def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
     assert stopped.value.signum == signum and marker.exists()
     assert str(stopped.value) == f"{signum.name} stopped it"
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_without_a_spike_demo_1_is_still_shown_before_demo_2_fails(tmp_path: Path) -> None:
+    """Where the CPU's kernels leave the reference without a spike, demo 1 (which needs
+    none) was thrown away with its workers; now its table and figure come first."""
+    from lit_spikes.demos import NoSpikeAfterWarmup
+
+    setup = tiny_setup(tmp_path / "runs", workers=1)
+    setup = replace(setup, data=replace(setup.data, poison=()), figures_dir=tmp_path / "figs")
+    console = Console(record=True, width=200)
+    with pytest.raises(NoSpikeAfterWarmup, match="no loss spike after warm-up"):
+        run_main_job(setup, console=console)
+    text = console.export_text()
+    assert "Demo 1: checkpoint at step 20" in text and "Demo 2" not in text
+    assert (tmp_path / "figs" / "demo1.png").is_file()
+    assert not (tmp_path / "figs" / "demo2.png").exists()
