@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from errno import ENOTEMPTY
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from lit_spikes.branches import (
     run_branch,
 )
 from lit_spikes.demos import (
+    DEMO_BRANCHES,
     REFERENCE,
     Demo1Report,
     Demo2Report,
@@ -90,8 +92,21 @@ def clear_previous(setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3)) -> None
     rollback choices. The reference (in ``demo1``) is trained again by every demo; demo 2's
     runs and ledger (which demo 3 reads) go only when demo 2 or 3 runs again."""
     cleared = ["demo1"] + (["demo2"] if 2 in demos or 3 in demos else [])
+    left: list[str] = []
+
+    def keep(function: Any, path: str, error: Any) -> None:
+        # Gone already: nothing to clear; a directory not empty: one of its files said so.
+        if isinstance(error[1], FileNotFoundError) or getattr(error[1], "errno", None) == ENOTEMPTY:
+            return
+        left.append(path)
+
     for demo in cleared:
-        shutil.rmtree(setup.log_root / demo, ignore_errors=True)
+        shutil.rmtree(setup.log_root / demo, onerror=keep)
+    if left:  # they would mix into this run's curves and rollback choices
+        raise PermissionError(
+            f"could not remove {len(left)} file(s) of the previous main job, e.g. {left[0]} "
+            "(written by another user?): remove them, or give another --log-root"
+        )
 
 
 def wide_console() -> Console:
@@ -341,9 +356,9 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     parser.add_argument(
         "--workers",
         type=int,
-        default=default_workers(),
         help="branch processes beside this one, which trains too (default: one per other "
-        "core this process may use, CPU quota counted: here %(default)s)",
+        f"core this process may use, CPU quota counted: here {default_workers()}; at most "
+        f"{DEMO_BRANCHES}, one per branch)",
     )
     parser.add_argument(
         "--devices",
@@ -359,7 +374,7 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
         help="also write the comparison PNGs here (the README shows these)",
     )
     args = parser.parse_args(argv)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         parser.error(f"--workers={args.workers} must be >= 1")
     for flag, path in (("--log-root", args.log_root), ("--figures-dir", args.figures_dir)):
         problem = unwritable_directory(path)  # now, not after the whole training
@@ -371,12 +386,25 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     # or forked process keeps each run's history to itself, which the tables need.
     if args.strategy not in ("auto", "ddp"):
         parser.error(f"--strategy={args.strategy!r} must be auto or ddp")
+    if args.workers is not None and args.devices > 1:
+        parser.error(
+            f"--workers={args.workers} with --devices={args.devices}: the runs then go one "
+            "after the other across the DDP processes, with no workers; leave --workers out"
+        )
+    workers = default_workers() if args.workers is None else args.workers
+    if workers > DEMO_BRANCHES:
+        print(
+            f"main job: --workers={workers}: the demos have {DEMO_BRANCHES} branches, so "
+            f"{DEMO_BRANCHES} workers",
+            file=sys.stderr,
+        )
+        workers = DEMO_BRANCHES
     trainer_kwargs: dict[str, Any] = {}
     if args.devices > 1 or args.strategy != "auto":
         trainer_kwargs = {"devices": args.devices, "strategy": args.strategy}
     setup = DemoSetup(
         log_root=args.log_root,
-        workers=args.workers,
+        workers=workers,
         figures_dir=args.figures_dir,
         trainer_kwargs=trainer_kwargs,
     )

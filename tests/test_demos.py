@@ -307,6 +307,7 @@ def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
         (["--strategy", "bogus"], "--strategy='bogus' must be auto or ddp"),
         (["--devices", "2", "--strategy", "ddp_spawn"], "--strategy='ddp_spawn' must be auto"),
         (["--devices", "3", "--strategy", "ddp"], "--devices=3: the demos' batch of 16 rows"),
+        (["--devices", "2", "--workers", "2"], "--workers=2 with --devices=2: the runs then go"),
     ],
 )
 def test_main_job_refuses_a_strategy_or_device_count_before_it_clears_or_trains(
@@ -435,3 +436,43 @@ def test_without_a_spike_demo_1_is_still_shown_before_demo_2_fails(tmp_path: Pat
     assert "Demo 1: checkpoint at step 20" in text and "Demo 2" not in text
     assert (tmp_path / "figs" / "demo1.png").is_file()
     assert not (tmp_path / "figs" / "demo2.png").exists()
+
+
+def test_previous_results_that_cannot_be_removed_stop_the_main_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files another user wrote stayed, silently, and mixed into the new run's curves."""
+    from lit_spikes.main_job import clear_previous
+
+    setup = tiny_setup(tmp_path / "runs")
+    stuck = setup.log_root / "demo1" / "reference" / "checkpoints" / "step=20.ckpt"
+    stuck.parent.mkdir(parents=True)
+    stuck.write_text("not ours to delete")
+    (stuck.parent / "step=10.ckpt").write_text("ours")
+    real_unlink = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith("step=20.ckpt"):
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(PermissionError, match=r"could not remove 1 file\(s\) .*step=20\.ckpt"):
+        clear_previous(setup)
+    assert not (stuck.parent / "step=10.ckpt").exists()
+    clear_previous(tiny_setup(tmp_path / "nothing_there"))  # nothing to clear: no error
+
+
+def test_more_workers_than_branches_are_capped_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--workers 20 started 20 processes for 7 branches, 13 of them idle."""
+    import lit_spikes.main_job as main_job_module
+
+    taken: list[int] = []
+    record = lambda setup, _: taken.append(setup.workers)  # noqa: E731
+    monkeypatch.setattr(main_job_module, "run_main_job", record)
+    argv = ["--log-root", str(tmp_path / "runs"), "--figures-dir", str(tmp_path / "f")]
+    main_job_module.main([*argv, "--workers", "20"])
+    assert taken == [DEMO_BRANCHES]
+    assert f"--workers=20: the demos have {DEMO_BRANCHES} branches" in capsys.readouterr().err
