@@ -232,10 +232,14 @@ def test_validation_shards_cover_every_window_once() -> None:
 
 
 class _Strategy:
+    root_device = torch.device("meta")  # not the CPU: a tensor made there would show
+
     def __init__(self, gathered: torch.Tensor) -> None:
         self.gathered = gathered
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        # NCCL gathers only tensors on the strategy's device (the GPU).
+        assert tensor.device == self.root_device, tensor.device
         return self.gathered
 
 
