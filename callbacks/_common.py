@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,26 @@ def trainer_callbacks(trainer: pl.Trainer) -> list[Callback]:
     return callbacks
 
 
-def check_integer(name: str, value: Any, minimum: int) -> None:
-    """Refuse anything but an integer (a bool is none) of at least ``minimum``, naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def check_integer(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int if it is an integer (a NumPy one too; a bool is none) of at
+    least ``minimum``; else a ValueError naming it. The int keeps state keys as they were
+    (a NumPy integer would show as ``np.int64(10)``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    return int(value)
+
+
+def spelled_as_before_floats(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as a callback's state key showed them before its number settings were
+    kept as floats: a whole number given as an int (``ratio=2``) showed as ``2``."""
+    whole = {k: int(v) for k, v in settings.items() if isinstance(v, float) and v.is_integer()}
+    return settings | whole
+
+
+def state_under_any(checkpoint: dict[str, Any], keys: list[str]) -> dict[str, Any] | None:
+    """The first of ``keys`` that ``checkpoint`` holds a callback state under, or None."""
+    states: dict[str, Any] = checkpoint.get("callbacks", {})
+    return next((states[key] for key in keys if key in states), None)
 
 
 def check_finite_above(name: str, value: Any, bound: float, why: str = "") -> float:

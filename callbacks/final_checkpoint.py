@@ -35,7 +35,7 @@ class FinalCheckpoint(Callback):
 
     def __init__(self, dirpath: str | Path, every_n_steps: int) -> None:
         super().__init__()
-        check_integer("every_n_steps", every_n_steps, 1)
+        every_n_steps = check_integer("every_n_steps", every_n_steps, 1)
         self.dirpath, self.every_n_steps = Path(dirpath), every_n_steps
         self.saved_path: Path | None = None
 

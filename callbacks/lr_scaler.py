@@ -11,7 +11,12 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from callbacks._common import check_finite_above, check_integer
+from callbacks._common import (
+    check_finite_above,
+    check_integer,
+    spelled_as_before_floats,
+    state_under_any,
+)
 
 
 class LRScaler(Callback):
@@ -22,7 +27,9 @@ class LRScaler(Callback):
     (a step post-hook on each optimizer): the schedule itself is untouched (its state
     stays the uninterrupted one, also for a scheduler that computes the next LR from the
     current one, as cosine annealing or StepLR do), only the LR of each step from
-    ``start_step`` on is scaled, and ``lr`` is logged as applied. Its
+    ``start_step`` on is scaled, and ``lr`` is logged as applied. (A step whose
+    optimizer step is skipped, as a GradScaler does on inf gradients in fp16, runs no
+    post-hook: a recursive scheduler then takes that one step's scaled LR as its own.) Its
     settings are its state and name it in the checkpoint: a resumed run keeps scaling
     only if it is given the same ``LRScaler`` again. One with other settings is another
     callback (a new remedy from the resume on), and the checkpoint's scaling then ends
@@ -48,9 +55,9 @@ class LRScaler(Callback):
     def __init__(self, factor: float, start_step: int = 0, end_step: int | None = None) -> None:
         super().__init__()
         factor = check_finite_above("factor", factor, 0.0)  # a float: 1 and 1.0 are one key
-        check_integer("start_step", start_step, 0)
+        start_step = check_integer("start_step", start_step, 0)
         if end_step is not None:
-            check_integer("end_step", end_step, 0)
+            end_step = check_integer("end_step", end_step, 0)
             if end_step <= start_step:
                 raise ValueError(f"end_step={end_step} must be > start_step={start_step}")
         self.factor, self.start_step, self.end_step = factor, start_step, end_step
@@ -70,6 +77,19 @@ class LRScaler(Callback):
     def _legacy_state_key(self) -> str:  # type: ignore[override]
         # Files written before end_step joined the key: Lightning falls back to this one.
         return self._generate_state_key(factor=self.factor, start_step=self.start_step)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # A file from before factor was kept as a float names factor=1 as 1, not 1.0:
+        # Lightning looks under state_key and _legacy_state_key only, right after this.
+        full = {"factor": self.factor, "start_step": self.start_step, "end_step": self.end_step}
+        legacy = {"factor": self.factor, "start_step": self.start_step}
+        keys = [self._generate_state_key(**spelled_as_before_floats(s)) for s in (full, legacy)]
+        state = state_under_any(checkpoint, [self.state_key, self._legacy_state_key, *keys])
+        if state is not None:
+            checkpoint.setdefault("callbacks", {})[self.state_key] = state
 
     def active(self, step: int) -> bool:
         return step >= self.start_step and (self.end_step is None or step < self.end_step)

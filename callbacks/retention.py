@@ -44,8 +44,9 @@ class CheckpointRetention(Callback):
 
     def __init__(self, dirpath: str | Path, keep_last: int = 3, rollback_distance: int = 100):
         super().__init__()
-        check_integer("keep_last", keep_last, 1)  # 2.5 failed at the first prune
-        check_integer("rollback_distance", rollback_distance, 0)  # nan deleted every target
+        # 2.5 failed at the first prune; a NaN distance deleted every rollback target.
+        keep_last = check_integer("keep_last", keep_last, 1)
+        rollback_distance = check_integer("rollback_distance", rollback_distance, 0)
         self.dirpath, self.keep_last = Path(dirpath), keep_last
         self.rollback_distance = rollback_distance
         self.deleted: list[Path] = []

@@ -48,8 +48,8 @@ class RollbackRestore(Callback):
 
     def __init__(self, dirpath: str | Path, spike_step: int, distance: int = 0) -> None:
         super().__init__()
-        check_integer("spike_step", spike_step, 0)
-        check_integer("distance", distance, 0)
+        spike_step = check_integer("spike_step", spike_step, 0)
+        distance = check_integer("distance", distance, 0)
         if distance > spike_step:
             raise ValueError(
                 f"distance={distance} reaches back past step 0 from spike_step={spike_step}: "

@@ -78,12 +78,12 @@ class SkipStep(Callback):
         super().__init__()
         if metric not in SKIP_METRICS:
             raise ValueError(f"metric={metric!r} must be one of {SKIP_METRICS}")
-        check_integer("window", window, 2)
+        window = check_integer("window", window, 2)
         sigma = check_finite_above("sigma", sigma, 0.0)
         warmup = max(2, window // 2) if warmup is None else warmup  # std needs 2 values
         if isinstance(warmup, bool) or not isinstance(warmup, int) or not 2 <= warmup <= window:
             raise ValueError(f"warmup={warmup!r} must be an integer in [2, window={window}]")
-        check_integer("start_step", start_step, 0)
+        start_step = check_integer("start_step", start_step, 0)
         values = [float(v) for v in initial]
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
@@ -168,9 +168,15 @@ class SkipStep(Callback):
         step = trainer.global_step
         if step in getattr(pl_module, "nonfinite_steps", ()):
             return  # its update is dropped already, and it has no gradient norm to judge
+        history = getattr(pl_module, "history", None)
         if all(p.grad is None for p in pl_module.parameters()):
-            # Another SkipStep before this one dropped the update (on every rank alike) and
-            # recorded its norm: a norm of no gradients (0) must not enter a window.
+            # Another SkipStep before this one dropped the update (on every rank alike)
+            # and recorded the real norm: this one still judges the step (its window
+            # takes every finite value), but from that record, not from no gradients (0).
+            if self.metric == "loss":
+                self.decide(step, self.global_value(trainer, self._local_value(trainer, pl_module)))
+            elif history and int(history[-1]["step"]) == step and "grad_norm" in history[-1]:
+                self.decide(step, float(history[-1]["grad_norm"]))
             return
         value = self.global_value(trainer, self._local_value(trainer, pl_module))
         if not self.decide(step, value):
@@ -179,7 +185,6 @@ class SkipStep(Callback):
         norm = float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
         for parameter in pl_module.parameters():
             parameter.grad = None
-        history = getattr(pl_module, "history", None)
         if history and int(history[-1]["step"]) == step:
             # Now: the module, whose hook runs after the callbacks', finds no gradient and
             # records nothing, and a SpikeDetector listed before this reads it at batch end.

@@ -12,7 +12,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import check_finite_above, check_integer, step_record
+from callbacks._common import (
+    check_finite_above,
+    check_integer,
+    spelled_as_before_floats,
+    state_under_any,
+    step_record,
+)
 
 MONITORABLE = ("loss", "max_logit", "grad_norm")
 """Per-step values TinyGPTModule records, and so what a detector can watch."""
@@ -100,8 +106,8 @@ class SpikeDetector(Callback):
         unknown = [m for m in metrics if m not in MONITORABLE]
         if not metrics or unknown:
             raise ValueError(f"metrics={metrics!r}: choose one or more of {MONITORABLE}")
-        check_integer("window", window, 2)
-        check_integer("warmup", warmup, 0)
+        window = check_integer("window", window, 2)
+        warmup = check_integer("warmup", warmup, 0)
         if ratio is None and z_score is None:
             raise ValueError("ratio=None and z_score=None: give at least one threshold")
         # Kept as floats: the state key shows them, and ratio=2 and ratio=2.0 (a YAML
@@ -114,7 +120,7 @@ class SpikeDetector(Callback):
             raise ValueError(f"mode={mode!r} must be 'any' or 'all'")
         if action not in ("log", "stop"):
             raise ValueError(f"action={action!r} must be 'log' or 'stop'")
-        check_integer("min_step", min_step, 0)
+        min_step = check_integer("min_step", min_step, 0)
         self.metrics, self.window, self.warmup = metrics, window, warmup
         self.ratio, self.z_score, self.mode = ratio, z_score, mode
         self.action, self.min_step = action, min_step
@@ -148,11 +154,42 @@ class SpikeDetector(Callback):
             metrics=self.metrics, window=self.window, ratio=self.ratio, z_score=self.z_score
         )
 
+    def stored_keys(self) -> list[str]:
+        """Every key a file may hold this detector's state under, newest first: its key,
+        the one from before mode, warmup and action joined it, and both as files from
+        before ratio and z_score were kept as floats spell a whole number given as an
+        int (``ratio: 2`` in a YAML config)."""
+        full = {
+            "metrics": self.metrics,
+            "window": self.window,
+            "ratio": self.ratio,
+            "z_score": self.z_score,
+            "mode": self.mode,
+            "warmup": self.warmup,
+            "action": self.action,
+        }
+        legacy = {name: full[name] for name in ("metrics", "window", "ratio", "z_score")}
+        keys: list[str] = []
+        for settings in (full, legacy):
+            for spelled in (settings, spelled_as_before_floats(settings)):
+                key = self._generate_state_key(**spelled)
+                if key not in keys:
+                    keys.append(key)
+        return keys
+
     def state_in(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-        """This detector's state in ``checkpoint`` (under either key), or None."""
-        states: dict[str, Any] = checkpoint.get("callbacks", {})
-        state = states.get(self.state_key, states.get(self._legacy_state_key))
-        return state
+        """This detector's state in ``checkpoint`` (under any key it had), or None."""
+        return state_under_any(checkpoint, self.stored_keys())
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning looks under state_key and _legacy_state_key only, right after this: a
+        # state under an older spelling is put where it looks.
+        state = self.state_in(checkpoint)
+        if state is not None:
+            checkpoint.setdefault("callbacks", {})[self.state_key] = state
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -96,12 +96,14 @@ class WorkerDied(RuntimeError):
     trained branches: the pool cannot go on, and these branches have no result."""
 
     def __init__(self, names: Sequence[str]) -> None:
+        super().__init__(list(names))  # the names alone: it pickles and unpickles whole
         self.names = list(names)
-        which = ", ".join(self.names) if self.names else "a branch"
-        super().__init__(
-            f"a worker process died while training {which} (killed by a signal, or out of "
-            "memory?): the branches cannot go on; run it again (with fewer workers if "
-            "memory ran out)"
+
+    def __str__(self) -> str:
+        lost = f" while training {', '.join(self.names)}" if self.names else ""
+        return (
+            f"a worker process died{lost} (killed by a signal, or out of memory?): the "
+            "branches cannot go on; run it again (with fewer workers if memory ran out)"
         )
 
 
@@ -548,8 +550,11 @@ class BranchRunner:
             self._raise_if_broken()  # before this process takes a branch of its own
             with self._lock:
                 self._dispatch()
-                mine = self._pending.popleft() if self._pending else None
+                broken = self._broken  # the dispatch may just have found it
+                mine = self._pending.popleft() if self._pending and not broken else None
                 waiting = bool(self._futures)
+            if broken:
+                self._raise_if_broken()
             if mine is not None:
                 result = self.run_here(mine)
                 while self._held:
@@ -576,6 +581,8 @@ class BranchRunner:
                 for future, _ in finished:
                     del self._futures[future]
             for future, name in finished:
+                if isinstance(future.exception(), BrokenProcessPool):
+                    self._raise_if_broken()  # broke after the check above: named all the same
                 self.results[name] = future.result()  # re-raises a branch's error here
                 task, _ = self._tasks[name]
                 self._progress.update(task, completed=self._progress.tasks[task].total)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from errno import ENOTEMPTY
+from errno import EEXIST, ENOTEMPTY
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,14 @@ def mirror_reference_logs(setup: DemoSetup) -> None:
         shutil.copy2(events, target / events.name)
 
 
+NOT_EMPTY = (ENOTEMPTY, EEXIST)
+"""What rmdir of a directory that still holds files says (POSIX allows either)."""
+
+
+class PreviousResultsStuck(PermissionError):
+    """Files of the previous main job that could not be removed."""
+
+
 def clear_previous(setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3)) -> None:
     """A new main job replaces the previous one's runs of the demos it runs: stale
     checkpoints and event files would otherwise mix into this run's TensorBoard curves and
@@ -94,16 +102,22 @@ def clear_previous(setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3)) -> None
     cleared = ["demo1"] + (["demo2"] if 2 in demos or 3 in demos else [])
     left: list[str] = []
 
-    def keep(function: Any, path: str, error: Any) -> None:
+    def keep(function: Any, path: str, error: BaseException) -> None:
         # Gone already: nothing to clear; a directory not empty: one of its files said so.
-        if isinstance(error[1], FileNotFoundError) or getattr(error[1], "errno", None) == ENOTEMPTY:
+        if isinstance(error, FileNotFoundError) or getattr(error, "errno", None) in NOT_EMPTY:
             return
         left.append(path)
 
+    # onexc from Python 3.12 on (onerror is deprecated there), onerror before it.
+    handler: dict[str, Any] = (
+        {"onexc": keep}
+        if sys.version_info >= (3, 12)
+        else {"onerror": lambda function, path, info: keep(function, path, info[1])}
+    )
     for demo in cleared:
-        shutil.rmtree(setup.log_root / demo, onerror=keep)
+        shutil.rmtree(setup.log_root / demo, **handler)
     if left:  # they would mix into this run's curves and rollback choices
-        raise PermissionError(
+        raise PreviousResultsStuck(
             f"could not remove {len(left)} file(s) of the previous main job, e.g. {left[0]} "
             "(written by another user?): remove them, or give another --log-root"
         )
@@ -184,24 +198,34 @@ class MainJobInterrupted(BaseException):
 
 
 @contextmanager
-def _signals_stop_the_job() -> Iterator[None]:
-    """While the job runs, SIGINT and SIGTERM raise ``MainJobInterrupted`` in the main
-    thread; Lightning's SIGTERM handler calls this one too, and a run's
+def _signals_stop_the_job(signums: tuple[int, ...]) -> Iterator[None]:
+    """While the job runs, the first of ``signums`` raises ``MainJobInterrupted`` in the
+    main thread; Lightning's SIGTERM handler calls this one too, and a run's
     ``PreemptionCheckpoint`` hands it a second signal. Without it, a SIGTERM during a
     branch trained here ended the job with status 0 (Lightning's ``SIGTERMException`` is
     a ``SystemExit(None)``), a Ctrl-C there with 1, and a SIGTERM while this process
-    waited for its workers killed it at once and left them training, orphaned."""
+    waited for its workers killed it at once and left them training, orphaned. A second
+    signal (Lightning's teardown may have put this handler back) does what it did before
+    the job: a second Ctrl-C interrupts the cleanup, a second SIGTERM ends the process."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (a job run from another thread)
         return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    fired = False
 
     def stop(signum: int, frame: Any) -> None:
-        for number, handler in previous.items():  # a second signal: as before the job
-            signal.signal(number, handler)
-        raise MainJobInterrupted(signum)
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise MainJobInterrupted(signum)
+        before = previous[signum]
+        if callable(before):
+            before(signum, frame)
+            return
+        signal.signal(signum, before if before is not None else signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # its default action (or none, if it was ignored)
 
-    for signum in previous:
+    for signum in signums:
         signal.signal(signum, stop)
     try:
         yield
@@ -233,7 +257,10 @@ def run_main_job(
     if leader:  # before the files of a main job that may be running there are removed
         root_lock.acquire()
     try:
-        with _signals_stop_the_job():
+        # Under DDP a Ctrl-C stays Lightning's: its KeyboardInterrupt path also kills the
+        # other ranks, which would otherwise wait in a collective for this one.
+        signums = (signal.SIGTERM,) if setup.distributed else (signal.SIGINT, signal.SIGTERM)
+        with _signals_stop_the_job(signums):
             return _run_main_job(setup, demos, console, leader)
     finally:
         root_lock.release()
@@ -420,6 +447,9 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
+    except PreviousResultsStuck as error:  # before any training: nothing lost
+        print(f"main job: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except NoSpikeAfterWarmup as error:  # demo 1's table is out; demo 2 had nothing to do
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -223,3 +223,14 @@ def test_a_worker_killed_mid_branch_is_named_once_this_process_run_ends(tmp_path
         runner.run_here(tiny_branch("reference", checkpoint_every=K), queue_one)
     assert died.value.names == ["doomed"]
     assert checkpoint_path(tmp_path / "reference", N).is_file()  # trained to its end
+
+
+def test_worker_died_names_its_branches_after_a_round_trip_through_pickle() -> None:
+    import pickle
+
+    from lit_spikes.branches import WorkerDied
+
+    again = pickle.loads(pickle.dumps(WorkerDied(["demo2/halve_lr"])))
+    assert again.names == ["demo2/halve_lr"]
+    assert "died while training demo2/halve_lr (" in str(again)
+    assert "died (killed" in str(WorkerDied([]))  # an idle worker: no branch lost

@@ -200,6 +200,32 @@ def test_spike_detector_state_round_trips_through_a_checkpoint(tmp_path: Path) -
     assert from_old.state_dict() == saved.state_dict()
 
 
+@pytest.mark.parametrize("old_key", ["full", "legacy"])
+def test_a_detector_state_under_an_integer_spelled_key_is_restored(
+    tmp_path: Path, old_key: str
+) -> None:
+    """Before ratio was kept as a float, ``ratio=2`` named its state ``'ratio': 2``: a file
+    of then must resume with its window and spikes, as must ``diagnose`` find them."""
+    data, optim = replace(TINY_DATA, poison=(25,)), replace(TINY_OPTIM, max_steps=40)
+    saved = SpikeDetector(warmup=10, window=10, ratio=2.0, z_score=3.0)
+    reference = fit(
+        tmp_path, "ref", 30, checkpoint_every=10, callbacks=[saved], data=data, optim=optim
+    )
+    ckpt = load_ckpt(checkpoint_path(reference.spec.run_dir, 30))
+    key = saved.state_key if old_key == "full" else saved._legacy_state_key
+    spelled = key.replace("'ratio': 2.0", "'ratio': 2").replace("'z_score': 3.0", "'z_score': 3")
+    assert spelled != key
+    ckpt["callbacks"] = {spelled: ckpt["callbacks"].pop(saved.state_key)}
+    old_file = tmp_path / "old.ckpt"
+    atomic_torch_save(ckpt, old_file)
+    restored = SpikeDetector(warmup=10, window=10, ratio=2, z_score=3)
+    assert restored.state_in(ckpt) == saved.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning names the old key as not taken
+        fit(tmp_path, "old", 30, ckpt_path=old_file, callbacks=[restored], data=data, optim=optim)
+    assert restored.state_dict() == saved.state_dict()
+
+
 def test_callbacks_that_judge_or_skip_differently_can_share_a_trainer(tmp_path: Path) -> None:
     """Each instance's state has its own key: two that differ in any setting that changes
     what they do (here: only in action, start step, or the positions beyond the first and
@@ -517,9 +543,9 @@ def test_lr_scaler_refuses_an_optimizer_without_a_scheduler() -> None:
 
 
 def test_a_second_skip_step_ignores_an_update_the_first_dropped(tmp_path: Path) -> None:
-    """Two SkipSteps in one Trainer: after the first drops step 8's gradients, the second
-    must neither take a norm of no gradients (0) into its window nor overwrite the norm
-    the first recorded (a SpikeDetector on grad_norm reads it)."""
+    """Two SkipSteps in one Trainer: after the first drops step 8's gradients, the others
+    must neither take a norm of no gradients (0) into a window nor overwrite the norm the
+    first recorded (a SpikeDetector on grad_norm reads it), and still judge the step."""
     data = replace(TINY_DATA, poison=(8,))
     first = SkipStep(metric="loss", window=4, sigma=0.1, warmup=2)
     second = SkipStep(metric="grad_norm", window=20, sigma=6.0, warmup=2)
@@ -533,6 +559,9 @@ def test_a_second_skip_step_ignores_an_update_the_first_dropped(tmp_path: Path) 
     assert alone.skipped_steps == first.skipped_steps
     assert norms == {int(r["step"]): r["grad_norm"] for r in reference.module.history}
     assert all(norm > 0 for norm in norms.values())
+    # Each still judged step 8 (every finite value enters a window), from the records.
+    assert list(again.values) == list(first.values) == list(alone.values)
+    assert list(second.values) == [norms[step] for step in range(12)]
 
 
 def test_a_setting_written_as_an_integer_names_the_same_callback_state() -> None:
@@ -564,3 +593,28 @@ def test_checkpoint_callbacks_refuse_non_integer_steps_naming_them(
     target (a NaN horizon): refused when built instead."""
     with pytest.raises(ValueError, match=re.escape(message)):
         build()
+
+
+def test_an_lr_scaler_state_under_an_integer_spelled_key_is_found() -> None:
+    """Before factor was kept as a float, ``factor=2`` named its state ``'factor': 2``."""
+    scaler = LRScaler(2, start_step=3)
+    state = {"factor": 2, "start_step": 3, "end_step": None}
+    for old in (
+        "LRScaler{'factor': 2, 'start_step': 3, 'end_step': None}",
+        "LRScaler{'factor': 2, 'start_step': 3}",
+    ):
+        checkpoint: dict[str, Any] = {"callbacks": {old: state}}
+        scaler.on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+        assert checkpoint["callbacks"][scaler.state_key] == state
+
+
+def test_numpy_integers_are_taken_as_ints() -> None:
+    """A step from an array (np.int64) is an integer: taken, and kept as an int so that
+    a state key shows 10, not np.int64(10)."""
+    import numpy as np
+
+    rollback = RollbackRestore("d", spike_step=np.int64(122), distance=np.int32(20))
+    assert (rollback.spike_step, rollback.distance) == (122, 20)
+    assert type(rollback.spike_step) is int
+    assert SpikeDetector(window=np.int64(10)).state_key == SpikeDetector(window=10).state_key
+    assert CheckpointRetention("d", keep_last=np.int64(2)).keep_last == 2

@@ -476,3 +476,22 @@ def test_more_workers_than_branches_are_capped_and_said(
     main_job_module.main([*argv, "--workers", "20"])
     assert taken == [DEMO_BRANCHES]
     assert f"--workers=20: the demos have {DEMO_BRANCHES} branches" in capsys.readouterr().err
+
+
+def test_a_second_signal_does_what_it_did_before_the_main_job() -> None:
+    """Lightning's teardown puts back the handler it found (the job's): a second Ctrl-C
+    must not raise MainJobInterrupted again, into the cleanup of the first."""
+    from lit_spikes.main_job import MainJobInterrupted, _signals_stop_the_job
+
+    seen: list[int] = []
+    original = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with _signals_stop_the_job((signal.SIGINT,)):
+            with pytest.raises(MainJobInterrupted):
+                signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # to the handler from before the job
+        assert seen == [signal.SIGINT]
+        signal.raise_signal(signal.SIGINT)  # and it is that handler again afterwards
+        assert seen == [signal.SIGINT, signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, original)
