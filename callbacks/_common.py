@@ -66,6 +66,15 @@ def state_under_any(checkpoint: dict[str, Any], keys: list[str]) -> dict[str, An
     return next((states[key] for key in keys if key in states), None)
 
 
+def adopt_older_key(checkpoint: dict[str, Any], state_key: str, keys: list[str]) -> None:
+    """For a callback's ``on_load_checkpoint``: Lightning looks for its state right after,
+    under ``state_key`` and ``_legacy_state_key`` only; a state found under one of the
+    older ``keys`` is put under ``state_key``."""
+    state = state_under_any(checkpoint, [state_key, *keys])
+    if state is not None:
+        checkpoint.setdefault("callbacks", {})[state_key] = state
+
+
 def check_finite_above(name: str, value: Any, bound: float, why: str = "") -> float:
     """``value`` as a float if it is a finite number above ``bound``; else a ValueError
     naming it (``why`` appended)."""

@@ -12,10 +12,10 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from callbacks._common import (
+    adopt_older_key,
     check_finite_above,
     check_integer,
     spelled_as_before_floats,
-    state_under_any,
 )
 
 
@@ -82,14 +82,11 @@ class LRScaler(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # A file from before factor was kept as a float names factor=1 as 1, not 1.0:
-        # Lightning looks under state_key and _legacy_state_key only, right after this.
+        # A file from before factor was kept as a float names factor=1 as 1, not 1.0.
         full = {"factor": self.factor, "start_step": self.start_step, "end_step": self.end_step}
         legacy = {"factor": self.factor, "start_step": self.start_step}
         keys = [self._generate_state_key(**spelled_as_before_floats(s)) for s in (full, legacy)]
-        state = state_under_any(checkpoint, [self.state_key, self._legacy_state_key, *keys])
-        if state is not None:
-            checkpoint.setdefault("callbacks", {})[self.state_key] = state
+        adopt_older_key(checkpoint, self.state_key, [self._legacy_state_key, *keys])
 
     def active(self, step: int) -> bool:
         return step >= self.start_step and (self.end_step is None or step < self.end_step)

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from callbacks._common import (
+    adopt_older_key,
     check_finite_above,
     check_integer,
     spelled_as_before_floats,
@@ -185,11 +186,7 @@ class SpikeDetector(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Lightning looks under state_key and _legacy_state_key only, right after this: a
-        # state under an older spelling is put where it looks.
-        state = self.state_in(checkpoint)
-        if state is not None:
-            checkpoint.setdefault("callbacks", {})[self.state_key] = state
+        adopt_older_key(checkpoint, self.state_key, self.stored_keys())
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

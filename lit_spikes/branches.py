@@ -547,14 +547,11 @@ class BranchRunner:
         while True:
             while self._held:
                 yield self._held.popleft()
-            self._raise_if_broken()  # before this process takes a branch of its own
             with self._lock:
                 self._dispatch()
-                broken = self._broken  # the dispatch may just have found it
-                mine = self._pending.popleft() if self._pending and not broken else None
+                mine = self._pending.popleft() if self._pending and not self._broken else None
                 waiting = bool(self._futures)
-            if broken:
-                self._raise_if_broken()
+            self._raise_if_broken()  # before this process trains a branch of its own
             if mine is not None:
                 result = self.run_here(mine)
                 while self._held:
@@ -571,7 +568,6 @@ class BranchRunner:
                 self._take_report(kind, name, payload)
             while self._held:
                 yield self._held.popleft()
-            self._raise_if_broken()
             with self._lock:
                 finished = [
                     (future, name)
@@ -582,7 +578,7 @@ class BranchRunner:
                     del self._futures[future]
             for future, name in finished:
                 if isinstance(future.exception(), BrokenProcessPool):
-                    self._raise_if_broken()  # broke after the check above: named all the same
+                    self._raise_if_broken()  # a worker died: named, not a bare pool error
                 self.results[name] = future.result()  # re-raises a branch's error here
                 task, _ = self._tasks[name]
                 self._progress.update(task, completed=self._progress.tasks[task].total)

@@ -447,13 +447,10 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(os.EX_TEMPFAIL) from None
-    except PreviousResultsStuck as error:  # before any training: nothing lost
-        print(f"main job: error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except NoSpikeAfterWarmup as error:  # demo 1's table is out; demo 2 had nothing to do
-        print(f"main job: error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except WorkerDied as error:  # not this code's fault: say which branches, not a traceback
+    except (PreviousResultsStuck, NoSpikeAfterWarmup, WorkerDied) as error:
+        # Not this code's fault, and each says what to do: an error line, no traceback
+        # (files it could not clear; no spike for demo 2, after demo 1's table; a worker
+        # killed from outside, with the branches it took).
         print(f"main job: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     except (BranchInterrupted, MainJobInterrupted) as stop:  # no tables from cut-short runs
