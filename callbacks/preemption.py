@@ -1,4 +1,5 @@
-"""Stop cleanly on SIGTERM or SIGINT: finish the step, write a checkpoint, exit."""
+"""Stop cleanly on SIGTERM or SIGINT: finish the step, write a checkpoint, exit. Under
+SLURM, Lightning's requeue checkpoint waits for the step's end too."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from callbacks._common import unused_checkpoint_path, validates_at_this_step_anyway
+from callbacks._common import (
+    trainer_callbacks,
+    unused_checkpoint_path,
+    validates_at_this_step_anyway,
+)
 from lit_spikes.checkpoints import wait_for_writes
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
@@ -38,6 +44,27 @@ def _ends_at_this_step(trainer: pl.Trainer) -> bool:
     return last_epoch and loop.epoch_loop.batch_progress.is_last_batch
 
 
+def _requeue_signal(trainer: pl.Trainer) -> int | None:
+    """The signal on which Lightning's SLURM auto-requeue saves ``hpc_ckpt_<n>.ckpt`` and
+    requeues the job (SIGUSR1 unless set), when that is on; None otherwise."""
+    connector = getattr(trainer, "_accelerator_connector", None)
+    environment = getattr(connector, "cluster_environment", None)
+    if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):
+        return None
+    requeue = environment.requeue_signal or signal.SIGUSR1
+    return None if requeue in HANDLED else int(requeue)
+
+
+def _run_just_before_checkpoints(trainer: pl.Trainer, callback: Callback) -> None:
+    """Move ``callback`` after the Trainer's other callbacks, just before the checkpoint
+    callbacks (which Lightning puts last): its ``on_train_batch_end`` then sees every
+    other callback's state of the step (a detector's judgement of it). A new list: a hook
+    loop of Lightning's may be iterating the old one."""
+    others = [c for c in trainer_callbacks(trainer) if c is not callback]
+    at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
+    trainer.callbacks = [*others[:at], callback, *others[at:]]  # type: ignore[attr-defined]
+
+
 class PreemptionCheckpoint(Callback):
     """On SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) during training, sets a
     flag; at the next step boundary it writes ``<dirpath>/step=<k>.ckpt`` through the
@@ -48,6 +75,17 @@ class PreemptionCheckpoint(Callback):
     run is complete: ``ended_by_signal``); a second Ctrl-C while the first waits for the
     step's end goes to the handlers from before (it stops a hanging step), a second
     SIGTERM changes nothing.
+
+    Under SLURM with Lightning's auto-requeue (``#SBATCH --signal=USR1@90``), Lightning's
+    own handler saves ``hpc_ckpt_<n>.ckpt``, which the requeued job resumes from, the
+    moment the signal arrives: in the middle of a step (after AdamW's update but before
+    the scheduler's, or with the step's dropout already drawn), which no resume continues
+    bit-exactly. This callback holds that signal until the step's end, as it does SIGTERM
+    (under DDP every rank at the same step), and calls Lightning's handler there: the
+    file is a step boundary's, and training goes on as Lightning's requeue does.
+
+    It runs after the other callbacks (``setup`` moves it just before the checkpoint
+    callbacks, which Lightning puts last), so that its file holds their state of the step.
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
     training runs, and the previous handlers come back at the end. Python installs signal
@@ -73,6 +111,8 @@ class PreemptionCheckpoint(Callback):
         """A signal arrived in the run's last step: the run is complete (no file of this
         callback's), and whoever runs several (recover, the main job) stops after it."""
         self._previous: dict[int, Any] = {}
+        self._requeue: tuple[int, int | None] | None = None
+        """(signal, received or None) while Lightning's requeue signal is held here."""
         self._stop_overrides: dict[str, Any] = {}
         self._trainer: weakref.ref[pl.Trainer] | None = None
 
@@ -96,9 +136,23 @@ class PreemptionCheckpoint(Callback):
         self._restore_handlers()
         signal.raise_signal(signum)
 
+    def _hold_requeue(self, signum: int, frame: FrameType | None) -> None:
+        trainer = self._trainer() if self._trainer is not None else None
+        if trainer is None or trainer.state.status != TrainerStatus.RUNNING or not self._requeue:
+            self._restore_handlers()  # as in _handle: left installed by a failed fit
+            signal.raise_signal(signum)
+            return
+        self._requeue = (self._requeue[0], signum)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            _run_just_before_checkpoints(trainer, self)
+
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.received, self.saved_path, self.ended_by_signal = None, None, False
+        self._requeue = None
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn(
                 f"PreemptionCheckpoint: fit runs in thread {threading.current_thread().name!r}, "
@@ -109,11 +163,18 @@ class PreemptionCheckpoint(Callback):
         self._trainer = weakref.ref(trainer)
         for signum in HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
+        requeue = _requeue_signal(trainer)
+        if requeue is not None and callable(signal.getsignal(requeue)):
+            # Lightning's requeue handler, installed just before on_train_start
+            self._previous[requeue] = signal.signal(requeue, self._hold_requeue)
+            self._requeue = (requeue, None)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self.saved_path is not None:
             return
+        if self._requeue is not None:
+            self._requeue_at_step_end(trainer)
         # Under DDP a signal may reach one rank only, or ranks at different steps: they
         # agree each step, so all save (a collective) and stop at the same step.
         received = self.received is not None
@@ -151,6 +212,22 @@ class PreemptionCheckpoint(Callback):
             f"to {path}; a fit resumed from it continues bit-exactly."
         )
 
+    def _requeue_at_step_end(self, trainer: pl.Trainer) -> None:
+        """Call Lightning's requeue handler, held since the signal, now that the step is
+        done: it saves ``hpc_ckpt_<n>.ckpt`` (a collective under DDP: every rank agrees on
+        the step first) and requeues the job."""
+        assert self._requeue is not None
+        requeue, received = self._requeue
+        held = received is not None
+        if trainer.world_size > 1:
+            held = trainer.strategy.reduce_boolean_decision(held, all=False)
+        if not held:
+            return
+        self._requeue = (requeue, None)
+        handler = self._previous.get(requeue)
+        if callable(handler):
+            handler(received if received is not None else requeue, None)
+
     def _stop_now(self, trainer: pl.Trainer) -> None:
         """Make ``should_stop`` stop at this step, with nothing more to run. Lightning
         validates once more when a callback stops it (for an early-stopping monitor): here
@@ -172,7 +249,7 @@ class PreemptionCheckpoint(Callback):
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        self._previous = {}
+        self._previous, self._requeue = {}, None
 
     def _restore(self, trainer: pl.Trainer) -> None:
         self._restore_handlers()

@@ -37,7 +37,7 @@ from lit_spikes.checkpoints import (
     remove_leftovers,
 )
 from lit_spikes.data import StepDataModule, flat_config, plain_config
-from lit_spikes.module import TinyGPTModule, check_training_setup
+from lit_spikes.module import CHECKPOINT_KEY, TinyGPTModule, check_training_setup
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import (
@@ -134,7 +134,10 @@ class LitSpikesCLI(LightningCLI):
             super().instantiate_classes()
             # What would fail at the first step, after files were written: now, instead.
             check_training_setup(
-                self.model.model_config, self.datamodule, self.trainer.accumulate_grad_batches
+                self.model.model_config,
+                self.datamodule,
+                self.trainer.accumulate_grad_batches,
+                getattr(self.trainer, "overfit_batches", 0),
             )
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {error}")
@@ -220,7 +223,9 @@ class LitSpikesCLI(LightningCLI):
         puts the model's hyperparameters over everything, and leaves the data's alone).
         A model setting given that differs from the file is an error, except those a
         resume may change (``RESUMABLE_CHANGES``: the module warns); a data setting that
-        differs is kept, and the data module warns."""
+        differs is kept, and the data module warns. The checkpoint's gradient clipping is
+        the default too (given otherwise, the module warns, unless clipping is added to a
+        run that had none: the clipping remedy)."""
         saved = {
             f"model.{key}": value
             for key, value in flat_config(
@@ -230,6 +235,11 @@ class LitSpikesCLI(LightningCLI):
         data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
         if data is not None:  # files from before hold only the data seed
             saved |= {f"data.config.{key}": value for key, value in flat_config(data).items()}
+        fingerprint = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {})
+        if "gradient_clip" in fingerprint:  # a Trainer setting, kept for the same reason
+            clip = fingerprint["gradient_clip"] or {"value": None, "algorithm": None}
+            saved["trainer.gradient_clip_val"] = clip["value"]
+            saved["trainer.gradient_clip_algorithm"] = clip["algorithm"]
         subcommand = self.config["subcommand"]
         parser = self._parser(subcommand)
         known = parser.get_defaults()

@@ -275,6 +275,7 @@ class TinyGPTModule(pl.LightningModule):
             self.model_config,
             datamodule if isinstance(datamodule, StepDataModule) else None,
             trainer.accumulate_grad_batches,
+            getattr(trainer, "overfit_batches", 0),  # set on it, untyped
         )
         torch.set_num_threads(self.num_threads)
         set_flush_denormal(self.flush_denormal)
@@ -435,7 +436,8 @@ class TinyGPTModule(pl.LightningModule):
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the numerics of a step, beyond the checkpointed state."""
-        world_size = self.trainer.world_size if self._trainer is not None else 1
+        trainer = self._trainer
+        world_size = trainer.world_size if trainer is not None else 1
         return {
             "torch": str(torch.__version__),
             "lightning": str(lightning.__version__),
@@ -445,6 +447,8 @@ class TinyGPTModule(pl.LightningModule):
             # the same run on another CPU family is another (equally exact) trajectory.
             "cpu": torch.backends.cpu.get_cpu_capability(),
             "world_size": world_size,
+            "precision": str(trainer.precision) if trainer is not None else "32-true",
+            "gradient_clip": gradient_clipping(trainer),
             "model": asdict(self.model_config),
         }
 
@@ -505,14 +509,22 @@ class TinyGPTModule(pl.LightningModule):
         here = self.fingerprint()
         # setup() applies both before training
         here["num_threads"], here["flush_denormal"] = self.num_threads, self.flush_denormal
-        # Files from before a key existed: trained without flushing; CPU not recorded.
-        saved = {"flush_denormal": False, "cpu": here["cpu"]} | saved
+        # Files from before a key existed: trained without flushing; the others unknown.
+        unknown = {key: here[key] for key in ("cpu", "precision", "gradient_clip")}
+        saved = {"flush_denormal": False} | unknown | saved
         keys = ("torch", "lightning", "num_threads", "flush_denormal", "cpu", "world_size")
         differ = [
             f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}"
-            for key in keys
+            for key in (*keys, "precision")
             if saved.get(key) != here[key]
         ]
+        # Clipping added where the checkpoint's run had none is the clipping remedy (the
+        # demos' and recover's); clipping dropped or changed is another run.
+        if saved["gradient_clip"] != here["gradient_clip"] and saved["gradient_clip"]:
+            differ.append(
+                f"gradient clipping: checkpoint {saved['gradient_clip']!r}, "
+                f"now {here['gradient_clip']!r}"
+            )
         if differ:
             warnings.warn(
                 "resuming under a different setup than the checkpoint was written in ("
@@ -576,13 +588,27 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
+def gradient_clipping(trainer: pl.Trainer | None) -> dict[str, Any] | None:
+    """The Trainer's gradient clipping as a checkpoint records it: None for none (no
+    ``gradient_clip_val``, or 0), else its value and algorithm (Lightning's default: norm)."""
+    value = getattr(trainer, "gradient_clip_val", None) if trainer is not None else None
+    if not value:
+        return None
+    algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    return {"value": float(value), "algorithm": str(getattr(algorithm, "value", "norm"))}
+
+
 def check_training_setup(
-    gpt: GPTConfig, datamodule: StepDataModule | None, accumulate_grad_batches: int = 1
+    gpt: GPTConfig,
+    datamodule: StepDataModule | None,
+    accumulate_grad_batches: int = 1,
+    overfit_batches: float = 0,
 ) -> None:
     """Raises ``ValueError`` naming every part of a model, data and Trainer setup that
-    would fail at the first step: a text too short for a row, rows longer than the
-    model's context, characters beyond its vocabulary, gradient accumulation (the batch of
-    global step k is one whole batch)."""
+    would fail at the first step or silently train on other batches: a text too short
+    for a row, rows longer than the model's context, characters beyond its vocabulary,
+    gradient accumulation (the batch of global step k is one whole batch), Lightning's
+    ``overfit_batches`` (the batches never repeat)."""
     problems = []
     if datamodule is not None:
         try:
@@ -605,6 +631,12 @@ def check_training_setup(
             f"Trainer(accumulate_grad_batches={accumulate_grad_batches}): the batch of global "
             "step k is one whole batch here; set DataConfig.batch_size to the rows a step "
             "should see instead"
+        )
+    if overfit_batches:
+        problems.append(
+            f"Trainer(overfit_batches={overfit_batches}): the batch of global step k is drawn "
+            "for (data seed, k), so no batch comes again and Lightning's overfitting mode "
+            "would train on fresh batches without saying so; leave it at 0"
         )
     if problems:
         raise ValueError("; ".join(problems))

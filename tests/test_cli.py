@@ -207,14 +207,16 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
     tmp_path: Path,
 ) -> None:
     """What a preempted run prints, ``--ckpt_path <file>``, is enough: the model and the
-    data config come from the checkpoint (LightningCLI restores only the model's)."""
+    data config come from the checkpoint (LightningCLI restores only the model's), and so
+    does the Trainer's gradient clipping."""
     from tests.conftest import assert_states_equal, load_ckpt
 
     every = ["--checkpoint_every", "2", "--trainer.enable_model_summary", "false"]
     every += ["--trainer.max_steps", "12"]
     data = ["--data.config.seed", "5", "--data.config.world.num_chars", "30000"]
+    clip = ["--trainer.gradient_clip_val", "0.05", "--trainer.gradient_clip_algorithm", "value"]
     ref = tmp_path / "ref"
-    main(["fit", *TINY_CLI, *every, *data, "--trainer.default_root_dir", str(ref)])
+    main(["fit", *TINY_CLI, *every, *data, *clip, "--trainer.default_root_dir", str(ref)])
     ckpt = ["--ckpt_path", str(ref / "checkpoints" / "step=10.ckpt")]
     resumed = tmp_path / "resumed"
     flags = [*every, "--trainer.limit_val_batches", "0"]
@@ -223,6 +225,8 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
         cli = main(["fit", *flags, "--trainer.default_root_dir", str(resumed), *ckpt])
     assert cli is not None and cli.datamodule.config.seed == 5
     assert cli.datamodule.config.world.num_chars == 30000 and cli.model.model_config.d_model == 16
+    assert cli.trainer.gradient_clip_val == 0.05
+    assert str(cli.trainer.gradient_clip_algorithm.value) == "value"
     assert_states_equal(
         load_ckpt(ref / "checkpoints" / "step=12.ckpt"),
         load_ckpt(resumed / "checkpoints" / "step=12.ckpt"),

@@ -56,6 +56,7 @@ from tests.conftest import (
     TINY_DATA,
     TINY_GPT,
     TINY_OPTIM,
+    assert_states_equal,
     fit,
     load_ckpt,
     lock_probe,
@@ -760,6 +761,100 @@ def test_a_signal_in_the_last_step_of_a_run_of_epochs_ends_it_as_finished(
     assert trainer.global_step == signal_step
 
 
+def test_a_preemption_listed_first_still_saves_the_other_callbacks_state_of_its_step(
+    tmp_path: Path,
+) -> None:
+    """A Trainer built by hand may list PreemptionCheckpoint before a SpikeDetector: its
+    file must still hold the detector's judgement of the step it was written at (it
+    moves itself just before the checkpoint callbacks, as Lightning moves those)."""
+    import lightning.pytorch as pl
+
+    from lit_spikes.data import StepDataModule
+
+    def run(name: str, signal_at: int | None, ckpt: Path | None = None) -> SpikeDetector:
+        preemption = PreemptionCheckpoint(tmp_path / name / "checkpoints")
+        detector = SpikeDetector(ratio=1.01, window=3, warmup=4)
+        extra = [] if signal_at is None else [SignalAt(signal_at)]
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=N,
+            logger=False,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            callbacks=[*extra, preemption, detector],
+        )
+        module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM, model_seed=0)
+        trainer.fit(module, datamodule=StepDataModule(TINY_DATA), ckpt_path=ckpt)
+        return detector
+
+    straight = run("straight", None)
+    assert straight.spikes, "the test needs a flagged step after the preemption"
+    run("preempted", K)
+    saved = tmp_path / "preempted" / "checkpoints" / f"step={K}.ckpt"
+    state = next(v for k, v in load_ckpt(saved)["callbacks"].items() if "SpikeDetector" in k)
+    assert state["seen"] == K  # steps 0..K-1 judged, the last one included
+    resumed = run("resumed", None, saved)
+    assert [s["step"] for s in resumed.spikes] == [s["step"] for s in straight.spikes]
+    assert resumed.state_dict() == straight.state_dict()
+
+
+def test_slurms_requeue_signal_saves_at_the_steps_end_and_the_requeued_run_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SLURM, Lightning's auto-requeue handler saves hpc_ckpt_<n>.ckpt the moment
+    SIGUSR1 arrives, which may be mid-step (here during the backward of a step whose
+    dropout is drawn): PreemptionCheckpoint holds it to the step's end, so the requeued
+    job (same command, no ckpt_path: Lightning picks the hpc file) is bit-exact."""
+    calls = tmp_path / "scontrol.calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for name, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    class RequeueSignalInBackward(Callback):
+        def on_before_backward(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == K:
+                os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler right here
+
+    gpt = replace(TINY_GPT, dropout=0.1)
+    straight = fit(tmp_path, "straight", N, gpt=gpt, checkpoint_every=EVERY)
+    signalled = fit(
+        tmp_path,
+        "signalled",
+        N,
+        gpt=gpt,
+        checkpoint_every=EVERY,
+        callbacks=[RequeueSignalInBackward()],
+    )
+    assert calls.read_text().split() == ["requeue", "4242"]
+    hpc = signalled.spec.run_dir / "hpc_ckpt_1.ckpt"
+    assert load_ckpt(hpc)["global_step"] == K + 1  # step K's end, not its middle
+    requeued_dir = tmp_path / "requeued"
+    requeued_dir.mkdir()
+    shutil.copy(hpc, requeued_dir / hpc.name)
+    requeued = fit(tmp_path, "requeued", N, gpt=gpt, checkpoint_every=EVERY)
+    assert min(requeued.losses) == K + 1
+    assert_states_equal(
+        load_ckpt(checkpoint_path(straight.spec.run_dir, N)),
+        load_ckpt(checkpoint_path(requeued.spec.run_dir, N)),
+    )
+
+
 def test_a_preemption_keeps_another_histories_file_of_its_step(tmp_path: Path) -> None:
     """As ModelCheckpoint does: step=<k>-v1.ckpt beside it, not over it."""
     first = fit(tmp_path, "run", 2 * EVERY, checkpoint_every=EVERY)
@@ -1051,6 +1146,7 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         (["--model.gpt.block_size", "8"], "DataConfig.block_size=16 exceeds GPTConfig.block_"),
         (["--model.gpt.vocab_size", "10"], "vocab_size=10 is smaller than the 41 characters"),
         (["--trainer.accumulate_grad_batches", "2"], "Trainer(accumulate_grad_batches=2)"),
+        (["--trainer.overfit_batches", "2"], "Trainer(overfit_batches=2)"),
         (
             [
                 *("--model.gpt.block_size", "256", "--data.config.block_size", "256"),
@@ -1108,6 +1204,45 @@ def test_a_setup_that_would_fail_at_its_first_step_is_refused_in_setup(tmp_path:
         fit(tmp_path, "both", 5, gpt=replace(TINY_GPT, block_size=8, vocab_size=10))
     with pytest.raises(ValueError, match=r"accumulate_grad_batches=3"):
         fit(tmp_path, "accumulate", 5, accumulate_grad_batches=3)
+    # Lightning's overfitting mode would train on fresh batches: no batch comes again
+    with pytest.raises(ValueError, match=r"overfit_batches=0.5.*no batch comes again"):
+        fit(tmp_path, "overfit", 5, overfit_batches=0.5)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "named"),
+    [
+        ({"precision": "bf16-mixed"}, {}, "precision: checkpoint 'bf16-mixed', now '32-true'"),
+        ({}, {"precision": "bf16-true"}, "precision: checkpoint '32-true', now 'bf16-true'"),
+        ({"gradient_clip_val": 0.05}, {}, "gradient clipping: checkpoint {'value': 0.05"),
+        (
+            {"gradient_clip_val": 0.05},
+            {"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"},
+            "'algorithm': 'norm'}, now {'value': 0.05, 'algorithm': 'value'}",
+        ),
+    ],
+)
+def test_a_resume_under_another_precision_or_clipping_warns(
+    tmp_path: Path, first: dict[str, Any], then: dict[str, Any], named: str
+) -> None:
+    """Another precision, or clipping dropped or changed, is another trajectory: said, as
+    for another world size. (Clipping added is the remedy: see the next test.)"""
+    fit(tmp_path, "first", K, checkpoint_every=K, **first)
+    with pytest.warns(UserWarning, match=re.escape(named)):
+        fit(tmp_path, "then", N, ckpt_path=checkpoint_path(tmp_path / "first", K), **then)
+
+
+def test_clipping_added_at_a_resume_is_the_remedy_and_not_warned(tmp_path: Path) -> None:
+    fit(tmp_path, "first", K, checkpoint_every=K)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*different setup.*")
+        fit(
+            tmp_path,
+            "clip",
+            N,
+            ckpt_path=checkpoint_path(tmp_path / "first", K),
+            gradient_clip_val=1.0,
+        )
 
 
 def test_checkpoint_beyond_the_run_and_too_long_rollback_are_refused(
