@@ -77,7 +77,14 @@ from lit_spikes.checkpoints import (
     newest_valid_checkpoint,
     wait_for_writes,
 )
-from lit_spikes.data import DataConfig, StepDataModule, data_config_from_dict, plain_config
+from lit_spikes.data import (
+    DataConfig,
+    StepDataModule,
+    data_config_from_dict,
+    normalize_skip,
+    plain_config,
+    position_of_step,
+)
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import (
     DEFAULT_MODEL_SEED,
@@ -164,7 +171,8 @@ class RecoverConfig:
     """Validate every this many steps (None: only at the end)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     rollback_distance: int = 20
-    """The checkpoint a remedy resumes from is at least this many steps before the spike."""
+    """The checkpoint a remedy resumes from is at least this many steps before the spike
+    (at least 1: from the spike's own step, only skipping its data could change its loss)."""
     ladder: tuple[str, ...] = REMEDIES
     """Remedies to try for each spike, in order, each from the same checkpoint."""
     skip_before: int = 5
@@ -218,7 +226,14 @@ class RecoverConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("rollback_distance", "skip_before", "accept_margin", "max_interventions"):
+        if self.rollback_distance < 1:
+            raise ValueError(
+                f"RecoverConfig.rollback_distance={self.rollback_distance} must be >= 1: the "
+                "checkpoint of the spike's own step holds the weights that make its loss, so "
+                "a lower LR or clipping from there cannot change it (each such branch is spent "
+                "on the same spike)"
+            )
+        for name in ("skip_before", "accept_margin", "max_interventions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 0")
         if self.val_every is not None and (self.val_every < 1 or steps % self.val_every):
@@ -1326,9 +1341,16 @@ class RecoveryLoop:
         record.end_step = int(steps[-1]["step"]) if steps else None
         if steps:
             first, last = steps[0], steps[-1]
-            record.batches_skipped = int(last["position"] - last["step"]) - int(
-                first["position"] - first["step"]
+            # The offset before the branch's first step: a window the branch skips from
+            # that very step on (its start clamped to the checkpoint's position) is already
+            # in the first step's position.
+            skip = normalize_skip(
+                [p for c in callbacks if isinstance(c, BatchSkipper) for p in c.skip]
+                + list(self.config.data.skip)
             )
+            before = int(first["step"]) - 1
+            offset = position_of_step(before, skip) - before if before >= 0 else 0
+            record.batches_skipped = int(last["position"] - last["step"]) - offset
             record.max_logit = max(float(r["max_logit"]) for r in steps)
         record.val_bpc = float(vals[-1]["val_bpc"]) if vals else None
         record.skip_stepped = [s for s in skip_stepped(callbacks) if s >= record.start_step]

@@ -98,7 +98,8 @@ def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ({"ladder": ()}, r"ladder=\(\)"),
         ({"lr_factor": 1.5}, r"lr_factor=1.5 must be in \(0, 1\)"),
         ({"checkpoint_every": 0}, r"checkpoint_every=0 must be >= 1"),
-        ({"rollback_distance": -1}, r"rollback_distance=-1 must be >= 0"),
+        ({"rollback_distance": -1}, r"rollback_distance=-1 must be >= 1"),
+        ({"rollback_distance": 0}, r"rollback_distance=0 must be >= 1: the checkpoint of"),
         ({"clip_norm": 0.0}, r"clip_norm=0.0 must be > 0"),
         ({"max_steps": 0}, r"max_steps=0 must be >= 1"),
         ({"val_every": 25}, r"val_every=25 must be None or divide the run's 60 steps"),
@@ -558,6 +559,31 @@ def test_skip_step_absorbs_a_bad_batch(tmp_path: Path) -> None:
     assert totals.skip_stepped == [28] and totals.unrecovered == []
     assert totals.batches_skipped == 0
     assert 28 in [r["position"] for r in steps_of(result.lineage)]
+
+
+def test_a_skip_window_from_the_branchs_first_step_counts_its_batches(tmp_path: Path) -> None:
+    """A spike close after the checkpoint clamps the skip window to the checkpoint's own
+    position: the branch's first step already trains past it, and the skipped batches
+    still count (they read 0)."""
+    config = tiny_config(
+        tmp_path / "clamped",
+        optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
+        data=replace(TINY_DATA, poison=(28,)),
+        checkpoint_every=4,
+        rollback_distance=1,  # step=24.ckpt, 4 steps before the spike
+        skip_before=5,  # from position 23: clamped to the checkpoint's 24
+        ladder=("skip_data",),
+    )
+    result = recover(config)
+    (intervention,) = result.ledger.interventions
+    assert intervention.accepted == "spike1/skip_data"
+    branch = result.ledger.branch("spike1/skip_data")
+    assert branch.start_step == 24
+    first = steps_of(read_history(tmp_path / "clamped" / branch.name / HISTORY_NAME))[0]
+    assert (first["step"], first["position"]) == (24, 24 + config.skip_length)
+    assert branch.batches_skipped == config.skip_length
+    totals = result.ledger.totals
+    assert totals is not None and totals.batches_skipped == config.skip_length
 
 
 @pytest.mark.slow
