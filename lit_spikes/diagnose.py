@@ -47,6 +47,7 @@ from lit_spikes.data import (
     StepDataModule,
     data_config_from_checkpoint,
     data_config_from_dict,
+    flat_config,
     plain_config,
 )
 from lit_spikes.model import GPTConfig
@@ -323,6 +324,7 @@ def diagnose(
                 f"earlier_ckpt={earlier_ckpt} is at step {earlier_step}, not before the "
                 f"checkpoint's step {k}"
             )
+        _refuse_another_run(ckpt_path, checkpoint, Path(earlier_ckpt))
     if data is None:
         data = data_config_from_checkpoint(checkpoint)
     original = original_loss
@@ -334,6 +336,27 @@ def diagnose(
             spike_step, data, callbacks, dict(trainer_kwargs or {}), original, config, root
         )
         return _judge(replayer, ckpt_path, k, earlier_ckpt, original)
+
+
+def _refuse_another_run(ckpt_path: Path, checkpoint: dict[str, Any], earlier: Path) -> None:
+    """An earlier checkpoint of another run (another model, optimizer or seeds) cannot
+    replay this one's history: its replay would differ and blame the later state.
+
+    Raises:
+        ValueError: naming the settings that differ.
+    """
+    mine = flat_config(plain_config(checkpoint.get("hyper_parameters", {})))
+    theirs = flat_config(plain_config(load_checkpoint(earlier).get("hyper_parameters", {})))
+    differ = [
+        f"{key}: {theirs.get(key)!r} there, {mine.get(key)!r} here"
+        for key in sorted(mine.keys() | theirs.keys())
+        if mine.get(key) != theirs.get(key) and key not in ("num_threads", "flush_denormal")
+    ]
+    if differ:
+        raise ValueError(
+            f"earlier_ckpt={earlier} is not of the run of {ckpt_path} ({'; '.join(differ)}): "
+            "give an earlier checkpoint of the same run (or of its recover branch's parent)"
+        )
 
 
 def _judge(
@@ -385,7 +408,10 @@ def _judge(
         return Verdict(
             "no-spike", spike_step, k, str(ckpt_path), original, same, None, None, evidence
         )
-    reproduced = bool(same.bit_equal) or spike_step in same.flagged
+    # Flagged but not the original loss (a fault that only made the spike larger, or a
+    # setting unlike the run's) is not the run's spike: only a rounded original is taken
+    # as matched by its decimals.
+    reproduced = same.bit_equal is not False
     if not reproduced:
         evidence.append(
             "The spike does not come back from the same state and data: the run's own "
@@ -415,7 +441,7 @@ def _judge(
     )
     cause: Cause
     if earlier is not None:
-        back = bool(earlier.bit_equal) or spike_step in earlier.flagged
+        back = earlier.bit_equal is not False
         evidence.append(
             f"(c) from the earlier step-{earlier.ckpt_step} checkpoint, same data: loss at step "
             f"{spike_step} {earlier.loss_at_spike:.4f}, "

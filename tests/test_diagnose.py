@@ -77,6 +77,12 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     assert earlier.bit_equal and earlier.ckpt_step == EARLIER  # (c): the history repeats too
     assert verdict.evidence[-1].startswith("Without the data around it the spike is gone")
     assert (tmp_path / "replays" / "replay_other_data").is_dir()
+    # Flagged again, but not the loss the run had (a fault that only made the spike
+    # larger): not this run's spike
+    larger = verdict.original_loss + 0.1234567
+    other_loss = diagnose(checkpoint_path(run_dir, K), 28, data=data, original_loss=larger)
+    assert 28 in other_loss.same_data.flagged and other_loss.same_data.bit_equal is False
+    assert other_loss.cause == "not-reproducible", other_loss.evidence
 
 
 def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
@@ -138,6 +144,10 @@ def test_bad_arguments_name_what_is_wrong(
         diagnose(ckpt, 15)
     with pytest.raises(ValueError, match=r"earlier_ckpt=.*step=30.ckpt is at step 30, not before"):
         diagnose(ckpt, 25, earlier_ckpt=checkpoint_path(tmp_path / "run", 30))
+    # Another run's earlier file would replay another history and blame this one's state
+    fit(tmp_path, "other", EARLIER, optim=OPTIM, checkpoint_every=10, model_seed=1)
+    with pytest.raises(ValueError, match=r"is not of the run of .*model_seed: 1 there, 0 here"):
+        diagnose(ckpt, 25, earlier_ckpt=checkpoint_path(tmp_path / "other", EARLIER))
     with pytest.raises(ValueError, match=r"DiagnoseConfig.horizon=0 must be >= 1"):
         DiagnoseConfig(horizon=0)
     with pytest.raises(SystemExit) as exit_info:
