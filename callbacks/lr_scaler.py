@@ -36,6 +36,11 @@ class LRScaler(Callback):
     there, as Lightning's warning about a checkpointed callback state that no callback
     takes says.
 
+    Several ``LRScaler`` do not compound: each sets the LR to the scheduled one times its
+    own factor, so at a step where more than one is active the last one in the Trainer's
+    callback list decides (``recover`` gives its newest scaler the product of the
+    lineage's factors, and lists it last).
+
     Args:
         factor: multiplier of the scheduled LR (OPT lowered it, e.g. 0.5).
         start_step: first global step scaled.
