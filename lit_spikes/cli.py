@@ -70,6 +70,14 @@ RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 (the module warns that the run is then not guaranteed bit-exact)."""
 
 
+def _holds_checkpoints(directory: Path) -> bool:
+    """Whether ``directory`` holds any ``step=<k>.ckpt``, valid or not."""
+    try:
+        return bool(checkpoint_files(directory))
+    except FileNotFoundError:
+        return False
+
+
 class LitSpikesCLI(LightningCLI):
     """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
 
@@ -153,18 +161,25 @@ class LitSpikesCLI(LightningCLI):
         # torch.load: resolve "latest", and turn a broken file into a clear error.
         config = self.config.get(self.config.get("subcommand") or "", None)
         path = config.get("ckpt_path") if config is not None else None
-        if path in ("last", "best", "hpc", "registry"):
+        if path in ("best", "hpc", "registry"):
             self.parser.error(
                 f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
-                "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest"
+                "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest, "
+                "or last (the newest, or a new run where there is none yet)"
             )
-        latest = path == "latest"
+        latest = path in ("latest", "last")
         if latest:
             directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
             try:
                 _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
             except FileNotFoundError as error:
-                self.parser.error(f"--ckpt_path latest: {error}")
+                fitting = self.config.get("subcommand") == "fit"
+                if path == "last" and fitting and not _holds_checkpoints(directory):
+                    # Lightning's "last": set and forget, from a job's first start on (a
+                    # requeued job's command line is the first one's)
+                    config["ckpt_path"] = None
+                    return
+                self.parser.error(f"--ckpt_path {path}: {error}")
             config["ckpt_path"] = path = str(found)
         if not path:
             if self.config.get("subcommand") == "fit":

@@ -237,7 +237,7 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
         main(["fit", *flags, *other, "2", *ckpt])
 
 
-def test_commands_the_module_cannot_run_and_lightnings_last_keyword_are_refused(
+def test_commands_the_module_cannot_run_and_lightnings_other_keywords_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     for command in ("test", "predict"):  # TinyGPTModule has no test or predict step
@@ -245,9 +245,37 @@ def test_commands_the_module_cannot_run_and_lightnings_last_keyword_are_refused(
             main([command])
         assert exit_info.value.code == 2
         assert f"invalid choice: '{command}'" in capsys.readouterr().err
+    for keyword in ("best", "hpc"):
+        with pytest.raises(SystemExit):
+            main(["fit", *TINY_CLI, "--ckpt_path", keyword])
+        assert "use --ckpt_path latest for the newest" in capsys.readouterr().err
+
+
+def test_ckpt_path_last_starts_a_new_run_then_resumes_the_newest_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning's "last" is set and forget: one command line for a job's first start and
+    for every requeue of it. Where there is no checkpoint yet it starts the run; then it
+    resumes the newest file, bit-exactly."""
+    from tests.conftest import assert_states_equal, load_ckpt
+
+    every = ["--checkpoint_every", "2", "--trainer.enable_model_summary", "false"]
+    root = tmp_path / "job"
+    job = ["fit", *TINY_CLI, *every, "--trainer.default_root_dir", str(root)]
+    main([*job, "--ckpt_path", "last", "--trainer.max_steps", "6"])
+    cli = main([*job, "--ckpt_path", "last", "--trainer.max_steps", "12"])
+    assert cli is not None and cli.trainer.ckpt_path == str(root / "checkpoints" / "step=6.ckpt")
+    straight = tmp_path / "straight"
+    main(["fit", *TINY_CLI, *every, "--trainer.default_root_dir", str(straight)])
+    assert_states_equal(
+        load_ckpt(straight / "checkpoints" / "step=12.ckpt"),
+        load_ckpt(root / "checkpoints" / "step=12.ckpt"),
+    )
+    # validate has nothing to start: no checkpoint is an error there
     with pytest.raises(SystemExit):
-        main(["fit", *TINY_CLI, "--ckpt_path", "last"])
-    assert "use --ckpt_path latest" in capsys.readouterr().err
+        none = ["--trainer.default_root_dir", str(tmp_path / "none"), "--ckpt_path", "last"]
+        main(["validate", *TINY_CLI, *none])
+    assert "--ckpt_path last: checkpoint directory" in capsys.readouterr().err
 
 
 def test_a_run_ending_off_its_checkpoint_interval_leaves_its_last_step(tmp_path: Path) -> None:
