@@ -51,7 +51,7 @@ from lit_spikes.data import (
     plain_config,
 )
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.module import CHECKPOINT_KEY, OptimConfig, TinyGPTModule
 from lit_spikes.recover import DetectorConfig
 from lit_spikes.training import RunSpec, quiet_branches, unwritable_directory
 
@@ -131,10 +131,20 @@ class Verdict:
 # ----------------------------------------------------------------------------- helpers
 
 
+def clipping_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer's gradient clipping the checkpoint's run trained with, as Trainer
+    arguments (none: ``{}``; files from before the fingerprint recorded it: ``{}`` too,
+    give it yourself)."""
+    clip = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {}).get("gradient_clip")
+    if not clip:
+        return {}
+    return {"gradient_clip_val": clip["value"], "gradient_clip_algorithm": clip["algorithm"]}
+
+
 def callbacks_from_checkpoint(checkpoint: dict[str, Any]) -> list[Callback]:
     """The remedy callbacks whose state a checkpoint holds (``LRScaler``, ``BatchSkipper``,
     ``SkipStep``), rebuilt from it so a replay trains as the original run did. Gradient
-    clipping is a Trainer argument and is not in a checkpoint: pass it yourself."""
+    clipping is a Trainer argument: ``clipping_from_checkpoint``."""
     rebuilt: list[Callback] = []
     for key, state in checkpoint.get("callbacks", {}).items():
         if key.startswith("LRScaler{"):
@@ -294,7 +304,9 @@ def diagnose(
         callbacks: callbacks the run trained with (None: rebuilt from the checkpoint's
             callback states: ``LRScaler``, ``BatchSkipper``, ``SkipStep``). Each replay
             gets its own copies.
-        trainer_kwargs: other Trainer arguments of the run (``gradient_clip_val``).
+        trainer_kwargs: other Trainer arguments of the run (None: its gradient clipping
+            as the checkpoint records it; give ``gradient_clip_val`` to set another, 0 for
+            none).
         original_loss: the loss the run logged at ``spike_step`` (None: read from the
             TensorBoard events of the checkpoint's run, ``<ckpt>/../..``).
         earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
@@ -327,14 +339,15 @@ def diagnose(
         _refuse_another_run(ckpt_path, checkpoint, Path(earlier_ckpt))
     if data is None:
         data = data_config_from_checkpoint(checkpoint)
+    trainer_kwargs = dict(trainer_kwargs or {})
+    if "gradient_clip_val" not in trainer_kwargs:
+        trainer_kwargs |= clipping_from_checkpoint(checkpoint)
     original = original_loss
     if original is None:
         original = logged_loss(ckpt_path.parent.parent, spike_step)
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
-        replayer = _Replayer(
-            spike_step, data, callbacks, dict(trainer_kwargs or {}), original, config, root
-        )
+        replayer = _Replayer(spike_step, data, callbacks, trainer_kwargs, original, config, root)
         return _judge(replayer, ckpt_path, k, earlier_ckpt, original)
 
 
@@ -548,7 +561,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data-seed", type=int, help="data seed (default: the checkpoint's)")
     add("--batch-size", type=int, help=f"default {DataConfig().batch_size}")
     add("--poison", type=int, nargs="+", help="data positions the run had poisoned")
-    add("--clip", type=float, help="gradient_clip_val the run trained with")
+    add(
+        "--clip",
+        type=float,
+        help="gradient_clip_val the run trained with (default: the checkpoint's; 0: none)",
+    )
     add("--window-before", type=int, default=defaults.window_before)
     add("--window-after", type=int, default=defaults.window_after)
     add("--horizon", type=int, default=defaults.horizon)
@@ -657,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> Verdict:
             args.ckpt,
             args.spike_step,
             data=data,
-            trainer_kwargs={"gradient_clip_val": args.clip} if args.clip else None,
+            trainer_kwargs={"gradient_clip_val": args.clip} if args.clip is not None else None,
             original_loss=args.spike_loss,
             earlier_ckpt=args.earlier_ckpt,
             config=config,

@@ -85,6 +85,20 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     assert other_loss.cause == "not-reproducible", other_loss.evidence
 
 
+def test_a_clipped_run_replays_with_the_clipping_its_checkpoint_records(tmp_path: Path) -> None:
+    """The checkpoint records the Trainer's gradient clipping: a replay takes it, so the
+    original loss comes back to the bit without --clip (without it the replay differed
+    and the spike was called not reproducible); --clip 0 replays without."""
+    data = replace(TINY_DATA, poison=(28,))
+    clip = {"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"}
+    fit(tmp_path, "clipped", N, optim=OPTIM, data=data, checkpoint_every=10, **clip)
+    ckpt = checkpoint_path(tmp_path / "clipped", K)
+    verdict = diagnose(ckpt, 28)
+    assert verdict.same_data.bit_equal is True, verdict.evidence
+    unclipped = diagnose(ckpt, 28, trainer_kwargs={"gradient_clip_val": 0})
+    assert unclipped.same_data.bit_equal is False
+
+
 def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
     """Asked about a quiet step, diagnose replays it (with the data config the checkpoint
     holds, poison included) and says there is no spike, instead of a cause."""
