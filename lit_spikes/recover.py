@@ -226,12 +226,6 @@ class RecoverConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 1")
-        if self.skip_length > steps:
-            raise ValueError(
-                f"RecoverConfig.skip_length={self.skip_length} must be at most the run's "
-                f"{steps} steps: each skipped position is listed in every later checkpoint "
-                "(PaLM skipped 200-500 batches)"
-            )
         if self.rollback_distance < 1:
             raise ValueError(
                 f"RecoverConfig.rollback_distance={self.rollback_distance} must be >= 1: the "
