@@ -7,11 +7,12 @@ from callbacks.lr_scaler import LRScaler
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.retention import CheckpointRetention
 from callbacks.rollback import RollbackRestore
-from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
+from callbacks.run_lock import AnotherHistory, RunDirectoryBusy, RunDirectoryLock
 from callbacks.skip_step import SkipStep
 from callbacks.spike_detector import SpikeDetector
 
 __all__ = [
+    "AnotherHistory",
     "BatchSkipper",
     "CheckpointRetention",
     "FinalCheckpoint",

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
 from callbacks._common import trainer_callbacks
-from lit_spikes.checkpoints import AtomicCheckpointIO, wait_for_writes
+from lit_spikes.checkpoints import AtomicCheckpointIO, checkpoint_files, wait_for_writes
 
 LOCK_NAME = ".lit-spikes.lock"
 """The lock file in a run directory (no TensorBoard or checkpoint glob matches it)."""
@@ -63,6 +63,18 @@ def _forget_held_locks() -> None:
 os.register_at_fork(after_in_child=_forget_held_locks)
 
 
+class AnotherHistory(RuntimeError):
+    """A new run (no ``ckpt_path``) was started into a directory holding another run's
+    checkpoints; the message names them and the way on."""
+
+
+def _held_steps(directory: Path) -> list[tuple[int, Path]]:
+    try:
+        return checkpoint_files(directory)
+    except FileNotFoundError:
+        return []
+
+
 class RunDirectoryLock(Callback):
     """Holds an exclusive lock on a run directory while a fit trains in it, so that a
     second run started into the same directory from another process (a job requeued while
@@ -88,12 +100,19 @@ class RunDirectoryLock(Callback):
     teardown. A copy sent to another process (a spawned DDP worker) or a forked child
     holds nothing.
 
+    A new run (a fit without ``ckpt_path``) into a directory whose checkpoint callbacks'
+    directories hold ``step=<k>.ckpt`` files of a run is refused at fit start, as
+    ``lit-spikes fit`` refuses it: its files (``step=<k>-v1.ckpt``) and TensorBoard steps
+    would mix with that run's. Lightning's ``ckpt_path="last"`` finds no ``last.ckpt``
+    here and would start such a run (with a warning only).
+
     Args:
         directory: the run directory (TensorBoard's, and the checkpoints' parent).
 
     Raises:
         RunDirectoryBusy: from ``acquire``/``acquire_for`` (and so ``setup``), when another
             process holds the directory.
+        AnotherHistory: from ``on_fit_start``, for a new run into another run's checkpoints.
 
     Example:
         >>> lock = RunDirectoryLock("runs/x")
@@ -177,6 +196,34 @@ class RunDirectoryLock(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._acquire_on_rank_zero(trainer)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After Lightning restored the fit's checkpoint (ckpt_path is this fit's now), and
+        # after ModelCheckpoint's setup resolved its directory.
+        if trainer.ckpt_path is not None:
+            return
+        directories = {
+            Path(cb.dirpath)
+            for cb in trainer_callbacks(trainer)
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None
+        }
+        held = {d: steps for d in sorted(directories) if (steps := _held_steps(d))}
+        refuse = bool(held)
+        if trainer.world_size > 1:  # every rank stops, or none (a rank may not see the files)
+            refuse = trainer.strategy.reduce_boolean_decision(refuse, all=False)
+        if not refuse:
+            return
+        if not held:
+            raise AnotherHistory("another rank found another run's checkpoints: see its error")
+        directory, steps = next(iter(held.items()))
+        raise AnotherHistory(
+            f"{directory} holds the checkpoints of a run (step={steps[0][0]} to "
+            f"step={steps[-1][0]}), and this fit starts a new one (no ckpt_path; Lightning's "
+            "'last' finds no last.ckpt here): its files and TensorBoard steps would mix with "
+            f"that run's. Resume it (fit(..., ckpt_path='{steps[-1][1]}')), or train into "
+            "another directory"
+        )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -349,6 +349,34 @@ def test_other_plugins_keep_the_atomic_checkpoint_writes(tmp_path: Path) -> None
     assert run.trainer.strategy.checkpoint_io is mine
 
 
+def test_a_new_run_into_another_runs_checkpoints_is_refused_from_python_too(
+    tmp_path: Path,
+) -> None:
+    """What lit-spikes fit refuses: RunSpec (and Lightning's ckpt_path="last", which finds
+    no last.ckpt here and would start from step 0) mixed step=<k>-v1.ckpt files and
+    duplicate TensorBoard steps into the first run's directory."""
+    from callbacks import AnotherHistory
+
+    first = fit(tmp_path, "run", N, checkpoint_every=EVERY)
+    files = sorted(p.name for p in (first.spec.run_dir / "checkpoints").iterdir())
+    before = tb_scalars(first.spec.run_dir)
+    for ckpt_path in (None, "last"):
+        with pytest.raises(AnotherHistory, match=r"holds the checkpoints of a run \(step=5 to "):
+            fit(tmp_path, "run", N, checkpoint_every=EVERY, ckpt_path=ckpt_path)
+        assert sorted(p.name for p in (first.spec.run_dir / "checkpoints").iterdir()) == files
+        assert tb_scalars(first.spec.run_dir) == before
+        assert not (first.spec.run_dir / LOCK_NAME).exists()
+    # Resuming it goes on, into the same directory
+    resumed = fit(
+        tmp_path,
+        "run",
+        N + 5,
+        checkpoint_every=EVERY,
+        ckpt_path=checkpoint_path(first.spec.run_dir, N),
+    )
+    assert min(resumed.losses) == N
+
+
 def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Path) -> None:
     from lit_spikes.training import RunSpec
 
