@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -68,6 +69,20 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 """Model settings a resume may take from the command line rather than the checkpoint
 (the module warns that the run is then not guaranteed bit-exact)."""
+
+
+def _run_callbacks(ckpt_path: Path) -> dict[str, Any]:
+    """``trainer.callbacks`` of the run that wrote ``ckpt_path``, from the ``config.yaml``
+    lit-spikes fit saved in its run directory (``<run>/checkpoints/<file>``); none when
+    there is no such file or it lists no callbacks."""
+    run_config = ckpt_path.resolve().parent.parent / "config.yaml"
+    try:
+        loaded = yaml.safe_load(run_config.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+    callbacks = trainer.get("callbacks") if isinstance(trainer, dict) else None
+    return {"trainer.callbacks": callbacks} if callbacks else {}
 
 
 def _holds_checkpoints(directory: Path) -> bool:
@@ -255,6 +270,10 @@ class LitSpikesCLI(LightningCLI):
             clip = fingerprint["gradient_clip"] or {"value": None, "algorithm": None}
             saved["trainer.gradient_clip_val"] = clip["value"]
             saved["trainer.gradient_clip_algorithm"] = clip["algorithm"]
+        if self.config["subcommand"] == "fit":
+            # The callbacks (remedies, the detector) are in no checkpoint field that builds
+            # them: the run's own config.yaml, beside its checkpoints, has them.
+            saved |= _run_callbacks(Path(path))
         subcommand = self.config["subcommand"]
         parser = self._parser(subcommand)
         known = parser.get_defaults()

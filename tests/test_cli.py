@@ -10,6 +10,7 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from callbacks import LRScaler
 from lit_spikes.cli import main
 from tests.conftest import TINY_CLI
 
@@ -208,15 +209,17 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
 ) -> None:
     """What a preempted run prints, ``--ckpt_path <file>``, is enough: the model and the
     data config come from the checkpoint (LightningCLI restores only the model's), and so
-    does the Trainer's gradient clipping."""
+    do the Trainer's gradient clipping and the callbacks of the run's config.yaml."""
     from tests.conftest import assert_states_equal, load_ckpt
 
     every = ["--checkpoint_every", "2", "--trainer.enable_model_summary", "false"]
     every += ["--trainer.max_steps", "12"]
     data = ["--data.config.seed", "5", "--data.config.world.num_chars", "30000"]
     clip = ["--trainer.gradient_clip_val", "0.05", "--trainer.gradient_clip_algorithm", "value"]
+    scaler = ["--trainer.callbacks+=callbacks.LRScaler", "--trainer.callbacks.factor", "0.5"]
+    scaler += ["--trainer.callbacks.start_step", "6"]
     ref = tmp_path / "ref"
-    main(["fit", *TINY_CLI, *every, *data, *clip, "--trainer.default_root_dir", str(ref)])
+    main(["fit", *TINY_CLI, *every, *data, *clip, *scaler, "--trainer.default_root_dir", str(ref)])
     ckpt = ["--ckpt_path", str(ref / "checkpoints" / "step=10.ckpt")]
     resumed = tmp_path / "resumed"
     flags = [*every, "--trainer.limit_val_batches", "0"]
@@ -226,6 +229,10 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
     assert cli is not None and cli.datamodule.config.seed == 5
     assert cli.datamodule.config.world.num_chars == 30000 and cli.model.model_config.d_model == 16
     assert cli.trainer.gradient_clip_val == 0.05
+    # the run's callbacks (here its remedy) from its config.yaml, beside its checkpoints
+    (scaling,) = [c for c in cli.trainer.callbacks if isinstance(c, LRScaler)]
+    assert (scaling.factor, scaling.start_step) == (0.5, 6)
+    assert "callbacks.LRScaler" in (resumed / "config.yaml").read_text()
     assert str(cli.trainer.gradient_clip_algorithm.value) == "value"
     assert_states_equal(
         load_ckpt(ref / "checkpoints" / "step=12.ckpt"),
