@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from callbacks._common import check_integer
+from callbacks._common import check_integer, trainer_callbacks
 from lit_spikes.checkpoints import checkpoint_files
 
 
@@ -31,23 +31,31 @@ class CheckpointRetention(Callback):
     previous step wrote is complete (written atomically) before any older one goes.
 
     Args:
-        dirpath: the run's checkpoint directory.
+        dirpath: the run's checkpoint directory: the one a ``ModelCheckpoint`` of the
+            Trainer writes to (None: that one). Another is refused at fit start: it would
+            delete another run's files (a typo in a hand-typed path).
         keep_last: newest files always kept, at least 1.
         rollback_distance: steps behind the current one that a rollback may need.
 
     Raises:
-        ValueError: ``keep_last`` not an integer >= 1, ``rollback_distance`` not one >= 0.
+        ValueError: ``keep_last`` not an integer >= 1, ``rollback_distance`` not one >= 0;
+            at fit start, a ``dirpath`` no ``ModelCheckpoint`` of the Trainer writes to (or
+            None with no single one to take).
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[CheckpointRetention("runs/x/checkpoints", 3, 100)])
     """
 
-    def __init__(self, dirpath: str | Path, keep_last: int = 3, rollback_distance: int = 100):
+    def __init__(
+        self, dirpath: str | Path | None = None, keep_last: int = 3, rollback_distance: int = 100
+    ):
         super().__init__()
         # 2.5 failed at the first prune; a NaN distance deleted every rollback target.
         keep_last = check_integer("keep_last", keep_last, 1)
         rollback_distance = check_integer("rollback_distance", rollback_distance, 0)
-        self.dirpath, self.keep_last = Path(dirpath), keep_last
+        self._given = None if dirpath is None else Path(dirpath)
+        self.dirpath = self._given or Path()  # set at fit start when not given
+        self.keep_last = keep_last
         self.rollback_distance = rollback_distance
         self.deleted: list[Path] = []
 
@@ -88,6 +96,31 @@ class CheckpointRetention(Callback):
             if path not in kept:
                 path.unlink(missing_ok=True)
                 self.deleted.append(path)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After every setup: a ModelCheckpoint's directory is resolved by then.
+        written = sorted(
+            {
+                Path(cb.dirpath).resolve()
+                for cb in trainer_callbacks(trainer)
+                if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None
+            }
+        )
+        if self._given is None:
+            if len(written) != 1:
+                raise ValueError(
+                    "CheckpointRetention(dirpath=None) takes the directory of the Trainer's "
+                    f"ModelCheckpoint, but it has {len(written)} ({written}): give dirpath"
+                )
+            self.dirpath = written[0]
+        elif self._given.resolve() not in written:
+            raise ValueError(
+                f"CheckpointRetention(dirpath={str(self._given)!r}) would prune a directory no "
+                f"ModelCheckpoint of this Trainer writes to (they write to "
+                f"{[str(w) for w in written] or 'none'}): it would delete another run's files. "
+                "Give the run's checkpoint directory, or leave dirpath out to take it"
+            )
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:

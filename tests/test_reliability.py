@@ -1056,6 +1056,24 @@ def test_retention_keeps_what_a_rollback_or_resume_needs(tmp_path: Path) -> None
         CheckpointRetention(directory, keep_last=0)
 
 
+def test_retention_refuses_a_directory_the_run_does_not_write_and_defaults_to_its_own(
+    tmp_path: Path,
+) -> None:
+    """A hand-typed dirpath with a typo deleted another run's files: it is refused before
+    any step; left out, it is the run's own checkpoint directory."""
+    other = fit(tmp_path, "other", 10, checkpoint_every=2).spec.run_dir / "checkpoints"
+    files = sorted(other.iterdir())
+    with pytest.raises(ValueError, match=r"dirpath=.*other/checkpoints.*would prune a direct"):
+        fit(tmp_path, "run", 10, checkpoint_every=2, callbacks=[CheckpointRetention(other)])
+    assert sorted(other.iterdir()) == files  # nothing of the other run's deleted
+    retention = CheckpointRetention(keep_last=2, rollback_distance=1)
+    run = fit(tmp_path, "own", 10, checkpoint_every=2, callbacks=[retention])
+    assert retention.dirpath == (run.spec.run_dir / "checkpoints").resolve()
+    assert [s for s, _ in checkpoint_files(retention.dirpath)] == [8, 10]
+    with pytest.raises(ValueError, match=r"dirpath=None\) takes the directory .* has 0"):
+        fit(tmp_path, "none", 4, callbacks=[CheckpointRetention()])
+
+
 @pytest.mark.parametrize(
     ("nan_step", "target", "left"), [(None, 14, [14, 16, 18, 20]), (7, 6, [6, 16, 18, 20])]
 )
