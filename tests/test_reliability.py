@@ -466,6 +466,11 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     data = good.read_bytes()
     (tmp_path / "empty.ckpt").write_bytes(b"")
     (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    # 64 bits flipped in the middle of the file (a tensor's bytes): it still unpickles
+    flipped = bytearray(data)
+    middle = len(data) // 2
+    flipped[middle : middle + 8] = bytes(b ^ 0xFF for b in flipped[middle : middle + 8])
+    (tmp_path / "flipped.ckpt").write_bytes(bytes(flipped))
     (tmp_path / "notes.ckpt").write_text("these are my notes, not a checkpoint\n")
     (tmp_path / "config.ckpt").write_text("config: a text torch.load reads as a pickle\n")
     (tmp_path / "run.ckpt").mkdir()
@@ -475,6 +480,7 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "missing": (tmp_path / "missing.ckpt", "no such file"),
         "empty": (tmp_path / "empty.ckpt", "the file is empty"),
         "truncated": (tmp_path / "truncated.ckpt", "truncated or corrupt"),
+        "bits flipped": (tmp_path / "flipped.ckpt", r"corrupt: its record .* fails its CRC-32"),
         "not a checkpoint": (tmp_path / "notes.ckpt", "not a torch checkpoint"),
         "text as pickle": (tmp_path / "config.ckpt", r"not a torch checkpoint \(those are zip"),
         "a directory": (tmp_path / "run.ckpt", "a directory, not a checkpoint file"),
