@@ -148,6 +148,24 @@ class LitSpikesCLI(LightningCLI):
             self.parser.error(
                 f"--trainer.default_root_dir={root} {problem}: choose a writable directory"
             )
+        checkpoints = root / CHECKPOINT_DIRNAME
+        problem = unwritable_directory(checkpoints) if self.subcommand == "fit" and every else None
+        if problem is not None:  # a read-only checkpoints/ left by another user or a copy
+            self.parser.error(
+                f"{checkpoints} {problem}: the run could not write its checkpoints there; "
+                "make it writable or choose another --trainer.default_root_dir"
+            )
+        interval = config["trainer"].get("val_check_interval")
+        if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
+            self.parser.error(
+                f"--trainer.val_check_interval={interval} must be >= 1 (steps between "
+                "validations), or a fraction in (0, 1] of an epoch of limit_train_batches"
+            )
+        if isinstance(interval, float) and not 0 < interval <= 1:
+            self.parser.error(
+                f"--trainer.val_check_interval={interval} must be a whole number of steps "
+                ">= 1 or a fraction in (0, 1] of an epoch of limit_train_batches"
+            )
 
     @override
     def instantiate_classes(self) -> None:

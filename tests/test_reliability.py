@@ -1199,6 +1199,8 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         (["--model.gpt.vocab_size", "10"], "vocab_size=10 is smaller than the 41 characters"),
         (["--trainer.accumulate_grad_batches", "2"], "Trainer(accumulate_grad_batches=2)"),
         (["--trainer.overfit_batches", "2"], "Trainer(overfit_batches=2)"),
+        (["--trainer.val_check_interval", "0"], "--trainer.val_check_interval=0 must be >= 1"),
+        (["--trainer.val_check_interval", "1.5"], "val_check_interval=1.5 must be a whole"),
         (
             [
                 *("--model.gpt.block_size", "256", "--data.config.block_size", "256"),
@@ -1217,6 +1219,23 @@ def test_bad_cli_input_fails_before_training_and_writes_nothing(
     assert exit_info.value.code != 0
     assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # not even an empty directory, wherever the root was
+
+
+def test_a_checkpoint_directory_that_cannot_take_files_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the root was checked: a run trained to its first checkpoint, then failed.
+    (Root ignores permissions: a file in the directory's place stands for read-only.)"""
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "checkpoints").write_text("a file where the directory goes")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(
+            ["fit", *TINY_CLI, "--checkpoint_every", "5", "--trainer.default_root_dir", str(root)]
+        )
+    assert exit_info.value.code == 2
+    assert f"{root / 'checkpoints'} cannot be created" in capsys.readouterr().err
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoints"]
 
 
 @pytest.mark.parametrize(
