@@ -239,8 +239,16 @@ class LitSpikesCLI(LightningCLI):
         try:
             steps = [s for s, _ in checkpoint_files(directory)]
         except FileNotFoundError:
-            return
+            steps = []
         if not steps:
+            events = sorted(Path(root).glob("events.out.tfevents.*"))
+            if path is None and events:  # a run of no checkpoints (--checkpoint_every 0)
+                self.parser.error(
+                    f"{root} holds the TensorBoard events of a run ({events[0].name}"
+                    f"{' and more' if len(events) > 1 else ''}): a new run there would log "
+                    "the same steps again into its curves; choose another "
+                    "--trainer.default_root_dir"
+                )
             return
         held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
         elsewhere = "or choose another --trainer.default_root_dir"

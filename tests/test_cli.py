@@ -337,6 +337,15 @@ def test_fit_refuses_to_mix_two_histories_in_one_checkpoint_directory(
     resumed = main([*args, "--trainer.default_root_dir", str(run), "--trainer.max_steps", "15",
                     "--ckpt_path", str(run / "checkpoints" / "step=10.ckpt")])  # fmt: skip
     assert resumed is not None and resumed.trainer.global_step == 15  # its own newest: fine
+    # A run of no checkpoints leaves only its events: a second one would log its steps
+    # into the same curves (20 duplicated steps)
+    bare = ["fit", *TINY_CLI, "--checkpoint_every", "0", "--trainer.max_steps", "3"]
+    main([*bare, "--trainer.default_root_dir", str(tmp_path / "bare")])
+    events = sorted((tmp_path / "bare").glob("events.out.tfevents.*"))
+    with pytest.raises(SystemExit):
+        main([*bare, "--trainer.default_root_dir", str(tmp_path / "bare")])
+    assert "holds the TensorBoard events of a run" in capsys.readouterr().err
+    assert sorted((tmp_path / "bare").glob("events.out.tfevents.*")) == events
 
 
 def test_a_resume_keeps_explicit_settings_even_when_they_equal_the_defaults(
