@@ -391,7 +391,16 @@ def main(args: list[str] | None = None) -> LitSpikesCLI | RecoverResult | Verdic
     (``args`` given) get their result back, the console script (``sys.exit(main())``)
     gets None, so exit status 0. Anything else goes to the LightningCLI."""
     argv = sys.argv[1:] if args is None else args
-    if argv and argv[0] in COMMANDS:
+    if not argv or not (argv[0].startswith("-") or argv[0] in {"fit", "validate", *COMMANDS}):
+        # LightningCLI's own message names only its commands (fit, validate)
+        what = "no command given" if not argv else f"unknown command {argv[0]!r}"
+        print(
+            f"usage: lit-spikes {{fit,validate,recover,diagnose}} ...\nlit-spikes: error: "
+            f"{what}: choose from fit, validate, recover, diagnose (lit-spikes --help)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    if argv[0] in COMMANDS:
         result = importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
         return result if args is not None else None
     try:

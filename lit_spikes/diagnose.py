@@ -559,16 +559,32 @@ def build_parser() -> argparse.ArgumentParser:
         "the checkpoint holds)",
     )
     add("--data-seed", type=int, help="data seed (default: the checkpoint's)")
-    add("--batch-size", type=int, help=f"default {DataConfig().batch_size}")
+    add("--batch-size", type=int, help="rows per step (default: the checkpoint's)")
     add("--poison", type=int, nargs="+", help="data positions the run had poisoned")
     add(
         "--clip",
         type=float,
         help="gradient_clip_val the run trained with (default: the checkpoint's; 0: none)",
     )
-    add("--window-before", type=int, default=defaults.window_before)
-    add("--window-after", type=int, default=defaults.window_after)
-    add("--horizon", type=int, default=defaults.horizon)
+    add(
+        "--window-before",
+        type=int,
+        default=defaults.window_before,
+        help="replay (b) skips the data positions from the spike's minus this "
+        f"(default {defaults.window_before})",
+    )
+    add(
+        "--window-after",
+        type=int,
+        default=defaults.window_after,
+        help=f"... to the spike's plus this (default {defaults.window_after})",
+    )
+    add(
+        "--horizon",
+        type=int,
+        default=defaults.horizon,
+        help=f"replays train this many steps past the spike (default {defaults.horizon})",
+    )
     add("--log-root", type=Path, help="keep the replays' TensorBoard runs here")
     add("--json", type=Path, help="also write the verdict as JSON to this file")
     return parser

@@ -132,6 +132,12 @@ def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     for command in ("fit", "recover", "diagnose"):
         assert f"\n  {command} " in out, command
+    # No command, or a misspelt one: every command named, not LightningCLI's two
+    for argv, what in (([], "no command given"), (["recovr"], "unknown command 'recovr'")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert f"{what}: choose from fit, validate, recover, diagnose" in capsys.readouterr().err
 
 
 def test_fit_writes_checkpoints_as_the_scripts_do() -> None:
