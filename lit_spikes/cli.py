@@ -107,6 +107,20 @@ class LitSpikesCLI(LightningCLI):
         }
 
     @override
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:
+            if action.dest == "ckpt_path":  # Lightning's text names keywords refused here
+                action.help = (
+                    "a step=<k>.ckpt file to resume from (fit) or evaluate (validate); "
+                    "'latest': the newest valid one in <trainer.default_root_dir>/checkpoints; "
+                    "'last': the same, or a new run where there is none yet (fit)"
+                )
+        return parser
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--checkpoint_every",

@@ -30,6 +30,8 @@ def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         "--config",
     ):
         assert option in out, option
+    # --ckpt_path says what lit-spikes takes, not Lightning's keywords it refuses
+    assert "'latest': the newest valid one" in " ".join(out.split())
 
 
 def test_defaults_reproduce_the_seed_setup() -> None:
