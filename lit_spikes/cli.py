@@ -37,7 +37,7 @@ from lit_spikes.checkpoints import (
     newest_valid_checkpoint,
     remove_leftovers,
 )
-from lit_spikes.data import StepDataModule, flat_config, plain_config
+from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
 from lit_spikes.module import CHECKPOINT_KEY, TinyGPTModule, check_training_setup
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
@@ -169,6 +169,14 @@ class LitSpikesCLI(LightningCLI):
                 f"{checkpoints} {problem}: the run could not write its checkpoints there; "
                 "make it writable or choose another --trainer.default_root_dir"
             )
+        devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
+        devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
+        if devices and isinstance(nodes, int) and nodes > 0:
+            # Else each of the processes Lightning starts fails in setup with its traceback
+            try:
+                check_shard(int(config["data"]["config"]["batch_size"]), 0, devices * nodes)
+            except ValueError as error:
+                self.parser.error(str(error))
         interval = config["trainer"].get("val_check_interval")
         if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
             self.parser.error(

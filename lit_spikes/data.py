@@ -208,11 +208,13 @@ def check_shard(batch_size: int, rank: int, world_size: int) -> None:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     if batch_size % world_size:
+        fits = [w for w in range(world_size - 1, 0, -1) if batch_size % w == 0]
         raise ValueError(
             f"DataConfig.batch_size={batch_size} is the global batch (rows per step, summed "
             f"over all processes) and must divide by world_size={world_size} (num_nodes x "
-            f"devices): use a multiple of {world_size}, e.g. "
-            f"{max(world_size, batch_size - batch_size % world_size)}"
+            f"devices): train on {fits[0]} processes (the same global batch), or change it to "
+            f"a multiple of {world_size}, e.g. "
+            f"{max(world_size, batch_size - batch_size % world_size)} (another data stream)"
         )
 
 

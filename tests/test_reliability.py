@@ -1200,6 +1200,10 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         (["--trainer.accumulate_grad_batches", "2"], "Trainer(accumulate_grad_batches=2)"),
         (["--trainer.overfit_batches", "2"], "Trainer(overfit_batches=2)"),
         (["--trainer.val_check_interval", "0"], "--trainer.val_check_interval=0 must be >= 1"),
+        (
+            ["--trainer.devices", "3"],
+            "must divide by world_size=3 (num_nodes x devices): train on 2",
+        ),
         (["--trainer.val_check_interval", "1.5"], "val_check_interval=1.5 must be a whole"),
         (
             [
