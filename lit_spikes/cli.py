@@ -272,6 +272,11 @@ class LitSpikesCLI(LightningCLI):
                     "--trainer.default_root_dir"
                 )
             return
+        # A run still training there is the first thing to say (exit 75, naming it), not
+        # how to go on with its files
+        probe = RunDirectoryLock(root)
+        probe.acquire()
+        probe.release()
         held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
         elsewhere = "or choose another --trainer.default_root_dir"
         if path is None:

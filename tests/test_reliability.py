@@ -1374,6 +1374,14 @@ def test_lit_spikes_fit_into_a_busy_directory_exits_75_naming_the_holder(
         capsys.readouterr().err
     )
     assert sorted(p.name for p in root.iterdir()) == [LOCK_NAME]  # no config.yaml either
+    # With the holder's checkpoints there, still the busy directory (not "go on with it
+    # with --ckpt_path latest", which would then stop the same way)
+    (root / "checkpoints").mkdir()
+    (root / "checkpoints" / "step=5.ckpt").write_bytes(b"the holder's, being trained")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *TINY_CLI, "--trainer.default_root_dir", str(root)])
+    assert exit_info.value.code == os.EX_TEMPFAIL
+    assert "is in use by another run" in capsys.readouterr().err
 
 
 def test_a_failing_run_lets_go_of_its_directory_after_its_last_checkpoint_is_written(
