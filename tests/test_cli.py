@@ -259,7 +259,7 @@ def test_commands_the_module_cannot_run_and_lightnings_other_keywords_are_refuse
         with pytest.raises(SystemExit) as exit_info:
             main([command])
         assert exit_info.value.code == 2
-        assert f"invalid choice: '{command}'" in capsys.readouterr().err
+        assert f"unknown command '{command}': choose from fit, validate" in capsys.readouterr().err
     for keyword in ("best", "hpc"):
         with pytest.raises(SystemExit):
             main(["fit", *TINY_CLI, "--ckpt_path", keyword])
