@@ -10,6 +10,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from callbacks._common import (
@@ -33,6 +34,16 @@ RANK_REDUCTION: dict[str, Literal["mean", "max"]] = {
 the loss of the global batch is the mean of the ranks' losses (their shards are equal in
 size); the largest attention logit is the largest of any rank; the gradient norm is
 measured after DDP averaged the gradients, so it is the same on every rank already."""
+
+
+def describe_spike(spike: dict[str, Any], action: str = "log") -> str:
+    """One line for a spike record: what, where, against what reference."""
+    value, reference = float(spike["value"]), float(spike.get("reference", math.nan))
+    times = f" ({value / reference:.2f}x)" if math.isfinite(value) and reference > 0 else ""
+    return (
+        f"SpikeDetector: {spike['metric']} spike at step {spike['step']}: {value:.4f} against "
+        f"a reference of {reference:.4f}{times}" + ("; stopping" if action == "stop" else "")
+    )
 
 
 class SpikeDetector(Callback):
@@ -79,6 +90,8 @@ class SpikeDetector(Callback):
         mode: ``"any"`` flags when either threshold is crossed, ``"all"`` when both are.
         action: ``"log"`` records and logs; ``"stop"`` also stops training at that step.
         min_step: no flag before this global step (the demos look after warm-up).
+        verbose: also say each spike on the console (Lightning's info log, rank 0), as
+            ``EarlyStopping(verbose=True)`` says why it stops.
 
     Raises:
         ValueError: an argument out of range, or neither threshold given.
@@ -101,6 +114,7 @@ class SpikeDetector(Callback):
         mode: Literal["any", "all"] = "any",
         action: Literal["log", "stop"] = "log",
         min_step: int = 0,
+        verbose: bool = False,
     ) -> None:
         super().__init__()
         metrics = tuple(metrics)
@@ -124,7 +138,7 @@ class SpikeDetector(Callback):
         min_step = check_integer("min_step", min_step, 0)
         self.metrics, self.window, self.warmup = metrics, window, warmup
         self.ratio, self.z_score, self.mode = ratio, z_score, mode
-        self.action, self.min_step = action, min_step
+        self.action, self.min_step, self.verbose = action, min_step, verbose
         self.spikes: list[dict[str, Any]] = []
         self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in metrics}
         self._seen = 0
@@ -248,6 +262,8 @@ class SpikeDetector(Callback):
         for spike in found:
             for logger in trainer.loggers:
                 logger.log_metrics({f"spike/{spike['metric']}": spike["value"]}, step=spike["step"])
+            if self.verbose:
+                rank_zero_info(describe_spike(spike, self.action))
         if found and self.action == "stop":
             trainer.should_stop = True
 

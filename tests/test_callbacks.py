@@ -123,8 +123,10 @@ def test_spike_detector_does_not_flag_a_smooth_run(tmp_path: Path) -> None:
     assert detector.spikes == []
 
 
-def test_spike_detector_flags_a_poisoned_batch_and_stops(tmp_path: Path) -> None:
-    detector = SpikeDetector(warmup=10, window=10, ratio=1.2, action="stop")
+def test_spike_detector_flags_a_poisoned_batch_and_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    detector = SpikeDetector(warmup=10, window=10, ratio=1.2, action="stop", verbose=True)
     data = replace(TINY_DATA, poison=(25,))
     run = fit(
         tmp_path,
@@ -137,6 +139,10 @@ def test_spike_detector_flags_a_poisoned_batch_and_stops(tmp_path: Path) -> None
     assert detector.onsets == [25]
     assert run.trainer.global_step == 26  # stopped right after the spike step
     assert max(run.losses) == 25
+    # verbose: said on the console too (a log-only detector said nothing but TensorBoard)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SpikeDetector")]
+    assert len(said) == 1 and said[0].startswith("SpikeDetector: loss spike at step 25: ")
+    assert said[0].endswith("x); stopping")
 
 
 class _NaNAtStep(TinyGPTModule):
