@@ -116,7 +116,9 @@ class LitSpikesCLI(LightningCLI):
                 action.help = (
                     "a step=<k>.ckpt file to resume from (fit) or evaluate (validate); "
                     "'latest': the newest valid one in <trainer.default_root_dir>/checkpoints; "
-                    "'last': the same, or a new run where there is none yet (fit)"
+                    "'last': the same, or a new run where there is none yet (fit). The "
+                    "resumed run writes into --trainer.default_root_dir (default runs/fit), "
+                    "not necessarily the checkpoint's run directory"
                 )
         return parser
 
