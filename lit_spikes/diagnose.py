@@ -231,7 +231,8 @@ class _Replayer:
             flush_denormal=hparams.get("flush_denormal", False),
         )
         k = int(checkpoint["global_step"])
-        end = min(self.spike_step + self.config.horizon + 1, optim.max_steps)
+        # Past the schedule's end too: a run (recover's) may train on at its floor LR
+        end = self.spike_step + self.config.horizon + 1
         if self.callbacks is not None:
             callbacks = [copy.deepcopy(cb) for cb in self.callbacks]
         else:
@@ -323,11 +324,9 @@ def diagnose(
     ckpt_path = Path(ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     k = int(checkpoint["global_step"])
-    steps = int(checkpoint["hyper_parameters"]["optim"]["max_steps"])
-    if not k < spike_step < steps:
+    if not k < spike_step:
         raise ValueError(
-            f"spike_step={spike_step} must be after the checkpoint's step {k} "
-            f"({ckpt_path}) and before the run's end, step {steps}"
+            f"spike_step={spike_step} must be after the checkpoint's step {k} ({ckpt_path})"
         )
     if earlier_ckpt is not None:
         earlier_step = checkpoint_step(earlier_ckpt)

@@ -99,6 +99,18 @@ def test_a_clipped_run_replays_with_the_clipping_its_checkpoint_records(tmp_path
     assert unclipped.same_data.bit_equal is False
 
 
+def test_a_spike_past_the_schedules_end_is_diagnosed(tmp_path: Path) -> None:
+    """recover may train on past the LR schedule's end (at its floor): a spike there was
+    refused as 'after the run's end'."""
+    data = replace(TINY_DATA, poison=(35,))
+    detector = SpikeDetector(min_step=4)
+    short = replace(OPTIM, max_steps=30)
+    fit(tmp_path, "past", N, optim=short, data=data, callbacks=[detector], checkpoint_every=10)
+    assert 35 in [s["step"] for s in detector.spikes]
+    verdict = diagnose(checkpoint_path(tmp_path / "past", 30), 35)
+    assert verdict.same_data.bit_equal is True and verdict.cause == "data-caused", verdict.evidence
+
+
 def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
     """Asked about a quiet step, diagnose replays it (with the data config the checkpoint
     holds, poison included) and says there is no spike, instead of a cause."""
