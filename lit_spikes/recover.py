@@ -1152,10 +1152,17 @@ class RecoveryLoop:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     step, path = rollback.ckpt_step, rollback.ckpt_path
+                    refused.extend(rollback.refused)
+                    while step != self.scheduled(step):
+                        # A Ctrl-C's file, reached past a refused scheduled one: passed over
+                        # too, or an interrupted loop would decide otherwise
+                        rollback = RollbackRestore(
+                            directory, spike_step=self.scheduled(step) + distance, distance=distance
+                        )
+                        step, path = rollback.ckpt_step, rollback.ckpt_path
+                        refused.extend(rollback.refused)
             except FileNotFoundError:
                 continue
-            finally:
-                refused.extend(rollback.refused)
             if step > first:  # absolute: the ledger goes on from any working directory
                 return step, str(Path(path).resolve()), record.name, refused
         return 0, None, None, refused

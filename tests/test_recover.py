@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -559,6 +561,32 @@ def test_skip_step_absorbs_a_bad_batch(tmp_path: Path) -> None:
     assert totals.skip_stepped == [28] and totals.unrecovered == []
     assert totals.batches_skipped == 0
     assert 28 in [r["position"] for r in steps_of(result.lineage)]
+
+
+def test_a_rollback_past_a_refused_file_passes_over_a_ctrl_c_file_too(tmp_path: Path) -> None:
+    """Rollback targets are scheduled files, so that an interrupted loop decides as the
+    uninterrupted one: when the scheduled file is refused (broken), the next one back
+    must be scheduled too, not the extra file a Ctrl-C wrote between them."""
+    from tests.conftest import fit
+
+    source = fit(tmp_path, "source", 20, checkpoint_every=1).spec.run_dir / "checkpoints"
+    loop = RecoveryLoop(tiny_config(tmp_path / "loop", checkpoint_every=10, rollback_distance=5))
+    try:
+        base = BranchRecord(name="base", kind="base", start_step=0, ckpt_path=None, parent=None)
+        loop.ledger.branches.append(base)
+        directory = tmp_path / "loop" / "base" / "checkpoints"
+        directory.mkdir(parents=True)
+        for step in (10, 13, 20):  # scheduled, a Ctrl-C's, scheduled
+            shutil.copy(source / f"step={step}.ckpt", directory / f"step={step}.ckpt")
+        broken = directory / "step=20.ckpt"
+        broken.write_bytes(broken.read_bytes()[:1000])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step, path, owner, refused = loop.choose_rollback(base, onset=27)
+        assert (step, owner) == (10, "base") and path == str(directory / "step=10.ckpt")
+        assert any("step=20.ckpt" in reason for reason in refused)
+    finally:
+        loop.close()
 
 
 def test_a_skip_window_from_the_branchs_first_step_counts_its_batches(tmp_path: Path) -> None:
