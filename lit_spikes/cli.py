@@ -85,6 +85,16 @@ def _run_callbacks(ckpt_path: Path) -> dict[str, Any]:
     return {"trainer.callbacks": callbacks} if callbacks else {}
 
 
+def _launched_rank() -> int:
+    """This process's global rank as its launcher set it (Lightning's DDP launcher,
+    torchrun, SLURM); 0 for a process started by hand."""
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def _holds_checkpoints(directory: Path) -> bool:
     """Whether ``directory`` holds any ``step=<k>.ckpt``, valid or not."""
     try:
@@ -182,13 +192,14 @@ class LitSpikesCLI(LightningCLI):
         interval = config["trainer"].get("val_check_interval")
         if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
             self.parser.error(
-                f"--trainer.val_check_interval={interval} must be >= 1 (steps between "
-                "validations), or a fraction in (0, 1] of an epoch of limit_train_batches"
+                f"--trainer.val_check_interval={interval} must be >= 1 (steps between validations)"
             )
-        if isinstance(interval, float) and not 0 < interval <= 1:
+        by_epoch = config["trainer"].get("check_val_every_n_epoch") is not None
+        if isinstance(interval, float) and not (by_epoch and 0 < interval <= 1):
             self.parser.error(
                 f"--trainer.val_check_interval={interval} must be a whole number of steps "
-                ">= 1 or a fraction in (0, 1] of an epoch of limit_train_batches"
+                ">= 1 (a fraction in (0, 1] of an epoch needs --trainer.check_val_every_n_epoch "
+                "and an int --trainer.limit_train_batches: the step stream has no epochs)"
             )
 
     @override
@@ -233,8 +244,10 @@ class LitSpikesCLI(LightningCLI):
                 fitting = self.config.get("subcommand") == "fit"
                 if path == "last" and fitting and not _holds_checkpoints(directory):
                     # Lightning's "last": set and forget, from a job's first start on (a
-                    # requeued job's command line is the first one's)
+                    # requeued job's command line is the first one's); a run of no
+                    # checkpoint that left its events is still refused
                     config["ckpt_path"] = None
+                    self._refuse_mixed_histories(config, None, None)
                     return
                 self.parser.error(f"--ckpt_path {path}: {error}")
             config["ckpt_path"] = path = str(found)
@@ -275,10 +288,12 @@ class LitSpikesCLI(LightningCLI):
                 )
             return
         # A run still training there is the first thing to say (exit 75, naming it), not
-        # how to go on with its files
-        probe = RunDirectoryLock(root)
-        probe.acquire()
-        probe.release()
+        # how to go on with its files. Asked by the first process only: under DDP the
+        # others start while it holds the lock.
+        if _launched_rank() == 0:
+            probe = RunDirectoryLock(root)
+            probe.acquire()
+            probe.release()
         held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
         elsewhere = "or choose another --trainer.default_root_dir"
         if path is None:

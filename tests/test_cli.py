@@ -354,6 +354,11 @@ def test_fit_refuses_to_mix_two_histories_in_one_checkpoint_directory(
         main([*bare, "--trainer.default_root_dir", str(tmp_path / "bare")])
     assert "holds the TensorBoard events of a run" in capsys.readouterr().err
     assert sorted((tmp_path / "bare").glob("events.out.tfevents.*")) == events
+    # ... also with --ckpt_path last, which finds no checkpoint there and starts a new run
+    with pytest.raises(SystemExit):
+        main([*bare, "--trainer.default_root_dir", str(tmp_path / "bare"), "--ckpt_path", "last"])
+    assert "holds the TensorBoard events of a run" in capsys.readouterr().err
+    assert sorted((tmp_path / "bare").glob("events.out.tfevents.*")) == events
 
 
 def test_a_resume_keeps_explicit_settings_even_when_they_equal_the_defaults(

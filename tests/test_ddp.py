@@ -300,6 +300,31 @@ def test_ddp_resume_is_bit_exact(
 
 
 @pytest.mark.slow
+def test_lit_spikes_fit_resumes_a_ddp_run_from_a_named_checkpoint(tmp_path: Path) -> None:
+    """The resume's check for a live run in the directory is rank 0's: the other ranks,
+    started by Lightning while rank 0 holds the directory, exited 75 ('in use by another
+    run') and rank 0 was killed."""
+    from tests.conftest import TINY_CLI
+
+    root = tmp_path / "run"
+    fit_cli = [sys.executable, "-m", "lit_spikes.cli", "fit", *TINY_CLI, "--checkpoint_every", "5"]
+    fit_cli += ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    fit_cli += ["--trainer.default_root_dir", str(root)]
+    resume = ["--ckpt_path", str(checkpoint_path(root, 10))]
+    for extra in (["--trainer.max_steps", "10"], ["--trainer.max_steps", "15", *resume]):
+        result = subprocess.run(
+            [*fit_cli, *extra],
+            cwd=REPO,
+            env=ddp_env(),
+            capture_output=True,
+            text=True,
+            timeout=DDP_TIMEOUT_S,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert load_ckpt(checkpoint_path(root, 15))["global_step"] == 15
+
+
+@pytest.mark.slow
 def test_ddp_resume_with_rank_0_rng_on_every_rank_is_not_exact(
     reference: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -1205,6 +1205,7 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
             "must divide by world_size=3 (num_nodes x devices): train on 2",
         ),
         (["--trainer.val_check_interval", "1.5"], "val_check_interval=1.5 must be a whole"),
+        (["--trainer.val_check_interval", "0.5"], "val_check_interval=0.5 must be a whole"),
         (
             [
                 *("--model.gpt.block_size", "256", "--data.config.block_size", "256"),
