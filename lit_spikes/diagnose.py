@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
@@ -164,18 +166,23 @@ def callbacks_from_checkpoint(checkpoint: dict[str, Any]) -> list[Callback]:
     return rebuilt
 
 
-def logged_loss(run_dir: Path, step: int) -> float | None:
-    """The ``train/loss`` a run logged to TensorBoard at ``step`` (None: not found)."""
+def logged_losses(run_dir: Path) -> dict[int, float]:
+    """The ``train/loss`` a run logged to TensorBoard, by step (the last value of a step
+    logged twice); empty when it has no events or no such tag."""
     if not any(run_dir.glob("events.out.tfevents.*")):
-        return None
+        return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
     if "train/loss" not in accumulator.Tags().get("scalars", []):
-        return None
-    values = [e.value for e in accumulator.Scalars("train/loss") if e.step == step]
-    return float(values[-1]) if values else None
+        return {}
+    return {int(e.step): float(e.value) for e in accumulator.Scalars("train/loss")}
+
+
+def logged_loss(run_dir: Path, step: int) -> float | None:
+    """The ``train/loss`` a run logged to TensorBoard at ``step`` (None: not found)."""
+    return logged_losses(run_dir).get(step)
 
 
 def _detector(config: DetectorConfig, checkpoint: dict[str, Any], steps: int) -> SpikeDetector:
@@ -208,6 +215,10 @@ class _Replayer:
         self.spike_step, self.data, self.callbacks = spike_step, data, callbacks
         self.trainer_kwargs, self.original = trainer_kwargs, original
         self.config, self.log_root = config, log_root
+        self.incomparable: str | None = None
+        """Why a replay here cannot match the original to the bit (another CPU's
+        kernels, other versions, a multi-process run): a differing loss then proves
+        nothing."""
 
     def run(
         self,
@@ -268,6 +279,7 @@ class _Replayer:
                 flagged.append(step)
         judged = [records[s] for s in sorted(records) if s >= first]
         loss = float(records[self.spike_step]["loss"])
+        equal = bit_equal(loss, self.original)
         replay = Replay(
             label=label,
             ckpt_step=k,
@@ -276,7 +288,7 @@ class _Replayer:
             max_loss=max(float(r["loss"]) for r in judged),
             max_logit=max(float(r["max_logit"]) for r in judged),
             flagged=flagged,
-            bit_equal=bit_equal(loss, self.original),
+            bit_equal=None if self.incomparable and not equal else equal,
             last_step=max(records),
             wall_s=wall,
             detector_from_checkpoint=continued,
@@ -343,11 +355,42 @@ def diagnose(
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
     original = original_loss
     if original is None:
-        original = logged_loss(ckpt_path.parent.parent, spike_step)
+        logged = logged_losses(ckpt_path.parent.parent)
+        if logged and spike_step > max(logged):
+            # a typo (1470 for 147) would replay a thousand steps, then find no spike
+            raise ValueError(
+                f"spike_step={spike_step} is past the last step the checkpoint's run logged "
+                f"({max(logged)}): give a step of that run (or its loss, --spike-loss, for a "
+                "step it did not log)"
+            )
+        original = logged.get(spike_step)
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
         replayer = _Replayer(spike_step, data, callbacks, trainer_kwargs, original, config, root)
+        replayer.incomparable = _incomparable(checkpoint)
         return _judge(replayer, ckpt_path, k, earlier_ckpt, original)
+
+
+def _incomparable(checkpoint: dict[str, Any]) -> str | None:
+    """Why a replay in this process cannot reproduce the checkpoint's run to the bit
+    (None: it can)."""
+    saved = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {})
+    here = {
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "torch": str(torch.__version__),
+        "lightning": str(lightning.__version__),
+    }
+    differ = [
+        f"{key} {saved[key]!r} there, {value!r} here"
+        for key, value in here.items()
+        if key in saved and saved[key] != value
+    ]
+    if int(saved.get("world_size", 1)) > 1:
+        differ.append(
+            f"the run trained on {saved['world_size']} processes: its logged loss is rank 0's "
+            "rows', a replay's the whole batch's"
+        )
+    return "; ".join(differ) or None
 
 
 def _refuse_another_run(ckpt_path: Path, checkpoint: dict[str, Any], earlier: Path) -> None:
@@ -360,9 +403,9 @@ def _refuse_another_run(ckpt_path: Path, checkpoint: dict[str, Any], earlier: Pa
     mine = flat_config(plain_config(checkpoint.get("hyper_parameters", {})))
     theirs = flat_config(plain_config(load_checkpoint(earlier).get("hyper_parameters", {})))
     differ = [
-        f"{key}: {theirs.get(key)!r} there, {mine.get(key)!r} here"
-        for key in sorted(mine.keys() | theirs.keys())
-        if mine.get(key) != theirs.get(key) and key not in ("num_threads", "flush_denormal")
+        f"{key}: {theirs[key]!r} there, {mine[key]!r} here"
+        for key in sorted(mine.keys() & theirs.keys())  # a key newer code added is no difference
+        if mine[key] != theirs[key] and key not in ("num_threads", "flush_denormal")
     ]
     if differ:
         raise ValueError(
@@ -385,6 +428,11 @@ def _judge(
         compared = "no original loss to compare with (pass original_loss / --spike-loss)"
     elif same.bit_equal:
         compared = f"bit-identical to the original {original!r}"
+    elif same.bit_equal is None and replayer.incomparable:
+        compared = (
+            f"the original was {original:.4f}; bit-equality cannot be told here "
+            f"({replayer.incomparable}), so the spike counts as back where it is flagged"
+        )
     elif same.bit_equal is None:
         compared = (
             f"the original as given, {original!r} (rounded: bit-equality cannot be told; "
@@ -442,6 +490,7 @@ def _judge(
         # Against the run's own full loss where one is known to the bit; else (none given,
         # or one given rounded) the same-data replay's, which matched it
         replayer.original = original if same.bit_equal else same.loss_at_spike
+        replayer.incomparable = None  # (c) is held against a replay of this process
         # The run's remedies are the later file's: an earlier one may be the parent's, from
         # before a recover branch started with them (its skip set, its LR scale).
         earlier, _ = replayer.run("replay_earlier_ckpt", Path(earlier_ckpt), remedies_of=ckpt_path)

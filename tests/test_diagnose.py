@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,25 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     other_loss = diagnose(checkpoint_path(run_dir, K), 28, data=data, original_loss=larger)
     assert 28 in other_loss.same_data.flagged and other_loss.same_data.bit_equal is False
     assert other_loss.cause == "not-reproducible", other_loss.evidence
+
+
+def test_a_run_of_another_cpu_is_not_called_a_fault_for_its_last_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replayed with other SIMD kernels (or from a multi-process run), the loss differs in
+    its last bits: that proves no fault, and the flagged spike counts as back."""
+    data = replace(TINY_DATA, poison=(28,))
+    original_run(tmp_path, "poison", data, [])
+    ckpt = checkpoint_path(tmp_path / "poison", K)
+    logged = diagnose(ckpt, 28, data=data).original_loss
+    assert logged is not None
+    last_bits = float(torch.nextafter(torch.tensor(logged), torch.tensor(9.0)))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the resume's own "cpu: ... not bit-exact"
+        verdict = diagnose(ckpt, 28, data=data, original_loss=last_bits)
+    assert verdict.same_data.bit_equal is None and verdict.cause == "data-caused", verdict.evidence
+    assert "bit-equality cannot be told here (cpu " in verdict.evidence[0]
 
 
 def test_a_clipped_run_replays_with_the_clipping_its_checkpoint_records(tmp_path: Path) -> None:
@@ -168,6 +188,8 @@ def test_bad_arguments_name_what_is_wrong(
     ckpt = checkpoint_path(tmp_path / "run", K)
     with pytest.raises(ValueError, match=r"spike_step=15 must be after the checkpoint's step 20"):
         diagnose(ckpt, 15)
+    with pytest.raises(ValueError, match=r"spike_step=400 is past the last step .* logged \(39\)"):
+        diagnose(ckpt, 400)  # a typo: it replayed hundreds of steps, then found no spike
     with pytest.raises(ValueError, match=r"earlier_ckpt=.*step=30.ckpt is at step 30, not before"):
         diagnose(ckpt, 25, earlier_ckpt=checkpoint_path(tmp_path / "run", 30))
     # Another run's earlier file would replay another history and blame this one's state

@@ -488,6 +488,19 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
+def test_a_file_saved_without_checksums_is_no_corrupt_one(tmp_path: Path) -> None:
+    """torch.serialization.set_crc32_options(False) writes zeros where the CRCs go: such
+    a file loads in torch, and is not refused as corrupt."""
+    run = fit(tmp_path, "ref", K, checkpoint_every=K)
+    checkpoint = load_ckpt(checkpoint_path(run.spec.run_dir, K))
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(checkpoint, tmp_path / "no_crc.ckpt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert load_checkpoint(tmp_path / "no_crc.ckpt")["global_step"] == K
+
+
 def test_bad_checkpoints_give_errors_naming_the_file_and_the_fault(tmp_path: Path) -> None:
     for path, reason in _broken_files(tmp_path).values():
         with pytest.raises(CheckpointError, match=reason) as error:
