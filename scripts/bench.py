@@ -16,11 +16,16 @@
    at the same global batch, interleaved, and the scaling efficiency.
 7. torch.compile on CPU: eager against compiled ms/step (interleaved), the first step's
    compile time, and whether a resumed compiled run is bit-equal to an uninterrupted one.
+8. Where a step's time goes, in the three loops of part 1: the model's forward, backward,
+   AdamW's update and the rest (data, the gradient norm, the records, and in Lightning its
+   loop, hooks and callbacks), each the median per step of interleaved runs (timers
+   around those three calls in every loop alike; not in the default set).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -455,6 +460,100 @@ def bench_compile(console: Console, steps: int, warmup: int, repeats: int) -> No
     )
 
 
+@contextmanager
+def phase_timers() -> Iterator[dict[str, list[float]]]:
+    """Seconds of each call of the model's forward, ``Tensor.backward`` and AdamW's
+    update function, by phase, while the context is open (the same wrappers in any loop)."""
+    import torch.optim.adam as adam_module
+
+    from lit_spikes.model import TinyGPT
+
+    calls: dict[str, list[float]] = {"forward": [], "backward": [], "adamw": []}
+    targets: list[tuple[Any, str, str]] = [
+        (TinyGPT, "forward", "forward"),
+        (torch.Tensor, "backward", "backward"),
+        (adam_module, "adam", "adamw"),  # AdamW's step calls adam() (decoupled decay)
+    ]
+    originals = [getattr(owner, attribute) for owner, attribute, _ in targets]
+
+    def timed(function: Any, phase: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                calls[phase].append(time.perf_counter() - start)
+
+        return wrapper
+
+    for (owner, attribute, phase), original in zip(targets, originals, strict=True):
+        setattr(owner, attribute, timed(original, phase))
+    try:
+        yield calls
+    finally:
+        for (owner, attribute, _), original in zip(targets, originals, strict=True):
+            setattr(owner, attribute, original)
+
+
+def bench_phases(console: Console, steps: int, warmup: int, repeats: int) -> None:
+    """Part 8: the median per step of each phase in each loop of part 1."""
+    import lit_spikes.module as module_code
+    import lit_spikes.plain as plain_code
+
+    kinds = ("plain", "demos", "alone")
+    per_kind: dict[str, dict[str, list[float]]] = {kind: {} for kind in kinds}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(repeats):
+            for kind in kinds if repeat % 2 == 0 else tuple(reversed(kinds)):
+                with (
+                    phase_timers() as calls,
+                    step_stamps(plain_code if kind == "plain" else module_code) as starts,
+                ):
+                    if kind == "plain":
+                        train_plain(GPTConfig(), OptimConfig(), DataConfig(), steps)
+                    else:
+                        features = kind == "demos"
+                        spec = RunSpec(
+                            Path(tmp) / f"{repeat}-{kind}",
+                            "bench",
+                            steps,
+                            checkpoint_every=DEMO_CHECKPOINT_EVERY if features else None,
+                            callbacks=[SpikeDetector()] if features else [],
+                            progress_bar=False,
+                            trainer_kwargs={"limit_val_batches": 0}
+                            | ({} if features else {"logger": False}),
+                        )
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            spec.trainer().fit(TinyGPTModule(), datamodule=StepDataModule())
+                intervals = [b - a for a, b in itertools.pairwise(starts[warmup:])]
+                phases = {"step": statistics.median(intervals)}
+                for phase, seconds in calls.items():
+                    phases[phase] = statistics.median(seconds[warmup:])
+                phases["rest"] = phases["step"] - sum(phases[p] for p in calls)
+                for phase, value in phases.items():
+                    per_kind[kind].setdefault(phase, []).append(1000 * value)
+    table = Table(
+        title=f"8. Where a step's time goes ({repeats} interleaved repeats of {steps} steps; "
+        "medians per step, ms)"
+    )
+    phases = list(per_kind["plain"])
+    table.add_column("loop")
+    for phase in phases:
+        table.add_column(phase, justify="right")
+    medians = {k: {p: statistics.median(v) for p, v in per_kind[k].items()} for k in kinds}
+    for kind in kinds:
+        table.add_row(kind, *(f"{medians[kind][p]:.2f}" for p in phases))
+    console.print(table)
+    for kind in ("alone", "demos"):
+        extra = {p: medians[kind][p] - medians["plain"][p] for p in phases}
+        console.print(
+            f"{kind} - plain: "
+            + ", ".join(f"{p} {v:+.2f} ms" for p, v in extra.items())
+            + f" (the rest: {100 * extra['rest'] / medians['plain']['step']:+.1f}% of a step)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per timed run")
@@ -508,6 +607,8 @@ def main() -> None:
         bench_ddp(console, args.steps, args.warmup, min(args.repeats, 3))
     if 7 in parts:
         bench_compile(console, args.steps, args.warmup, min(args.repeats, 3))
+    if 8 in parts:
+        bench_phases(console, 120, args.warmup, min(args.repeats, 10))
 
 
 def bench_loop(console: Console, steps: int, warmup: int, repeats: int) -> float:
