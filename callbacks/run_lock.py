@@ -97,8 +97,8 @@ class RunDirectoryLock(Callback):
     Lightning's logger writes its last events) or, when a fit fails, in ``on_exception``
     once they are; with a ``ModelCheckpoint(save_on_exception=True)``, which writes in
     its own ``on_exception`` after this one, at the end of ``AtomicCheckpointIO``'s
-    teardown. A copy sent to another process (a spawned DDP worker) or a forked child
-    holds nothing.
+    teardown (or as that save fails: Lightning then skips teardown). A copy sent to
+    another process (a spawned DDP worker) or a forked child holds nothing.
 
     A new run (a fit without ``ckpt_path``) into a directory whose checkpoint callbacks'
     directories hold ``step=<k>.ckpt`` files of a run is refused at fit start, as

@@ -426,7 +426,15 @@ class AtomicCheckpointIO(CheckpointIO):
                 "it writes local files and takes none"
             )
         if not self.background_writes or _several_ranks():
-            atomic_torch_save(checkpoint, path)
+            failing = sys.exc_info()[1]  # a save in a callback's on_exception
+            try:
+                atomic_torch_save(checkpoint, path)
+            except BaseException:
+                if failing is not None and _caught_by_lightning(failing):
+                    # Lightning skips teardown when an on_exception raises: what was to
+                    # run after it (the run directory's release) runs now
+                    self._run_after_teardown()
+                raise
             return
         data = serialize_checkpoint(checkpoint)
         _WRITER.wait(keep_errors=True)  # the previous file: written long ago
@@ -453,9 +461,12 @@ class AtomicCheckpointIO(CheckpointIO):
                 stacklevel=2,
             )
         finally:
-            functions, self._after_teardown = self._after_teardown, []
-            for function in functions:
-                function()
+            self._run_after_teardown()
+
+    def _run_after_teardown(self) -> None:
+        functions, self._after_teardown = self._after_teardown, []
+        for function in functions:
+            function()
 
     @override
     def load_checkpoint(

@@ -321,6 +321,46 @@ def test_a_failing_run_holds_its_directory_while_a_checkpoint_saves_on_exception
     assert not (tmp_path / "run" / LOCK_NAME).exists()
 
 
+def test_a_failing_save_on_exception_still_lets_go_of_the_directory(tmp_path: Path) -> None:
+    """A save in ModelCheckpoint's on_exception that fails (a full disk, written at once as
+    under DDP) makes Lightning skip teardown, where the directory was to be released: it
+    stayed locked until the process exited (a notebook's kernel, a retrying service)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    real = checkpoints_module.atomic_write
+
+    def full_disk_for_crash_files(path: Path, write: Any) -> None:
+        if Path(path).name.startswith("crash-"):
+            raise OSError(28, "No space left on device")
+        real(path, write)
+
+    class Boom(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise RuntimeError("boom at step 3")
+
+    emergency = ModelCheckpoint(
+        dirpath=tmp_path / "run" / "checkpoints",
+        filename="crash-{step}",
+        save_on_exception=True,
+        every_n_train_steps=99,
+    )
+    checkpoints_module.atomic_write = full_disk_for_crash_files  # type: ignore[assignment]
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            fit(
+                tmp_path,
+                "run",
+                10,
+                checkpoint_every=100,
+                callbacks=[Boom(), emergency],
+                plugins=[AtomicCheckpointIO(background_writes=False)],
+            )
+    finally:
+        checkpoints_module.atomic_write = real
+    assert lock_probe(tmp_path / "run") == "free"
+
+
 def test_a_signal_handler_saving_while_the_writer_is_busy_does_not_deadlock() -> None:
     """Lightning's SLURM requeue handler saves from a signal handler, in the main thread,
     which may be inside the writer's own lock at that moment."""
