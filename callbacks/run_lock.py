@@ -18,7 +18,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from typing_extensions import override
 
 from callbacks._common import trainer_callbacks
-from lit_spikes.checkpoints import AtomicCheckpointIO, checkpoint_files, wait_for_writes
+from lit_spikes.checkpoints import AtomicCheckpointIO, checkpoint_files_if_any, wait_for_writes
 
 LOCK_NAME = ".lit-spikes.lock"
 """The lock file in a run directory (no TensorBoard or checkpoint glob matches it)."""
@@ -66,13 +66,6 @@ os.register_at_fork(after_in_child=_forget_held_locks)
 class AnotherHistory(RuntimeError):
     """A new run (no ``ckpt_path``) was started into a directory holding another run's
     checkpoints; the message names them and the way on."""
-
-
-def _held_steps(directory: Path) -> list[tuple[int, Path]]:
-    try:
-        return checkpoint_files(directory)
-    except FileNotFoundError:
-        return []
 
 
 class RunDirectoryLock(Callback):
@@ -208,7 +201,7 @@ class RunDirectoryLock(Callback):
             for cb in trainer_callbacks(trainer)
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None
         }
-        held = {d: steps for d in sorted(directories) if (steps := _held_steps(d))}
+        held = {d: steps for d in sorted(directories) if (steps := checkpoint_files_if_any(d))}
         refuse = bool(held)
         if trainer.world_size > 1:  # every rank stops, or none (a rank may not see the files)
             refuse = trainer.strategy.reduce_boolean_decision(refuse, all=False)

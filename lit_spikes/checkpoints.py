@@ -182,6 +182,14 @@ def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
     return [(step, path) for step, _, _, path in sorted(found)]
 
 
+def checkpoint_files_if_any(directory: str | Path) -> list[tuple[int, Path]]:
+    """``checkpoint_files(directory)``, empty where the directory does not exist."""
+    try:
+        return checkpoint_files(directory)
+    except FileNotFoundError:
+        return []
+
+
 def _written_at(path: Path) -> int:
     try:
         return path.stat().st_mtime_ns

@@ -32,13 +32,13 @@ from callbacks.preemption import PreemptionCheckpoint
 from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
-    checkpoint_files,
+    checkpoint_files_if_any,
     load_checkpoint,
     newest_valid_checkpoint,
     remove_leftovers,
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
-from lit_spikes.module import CHECKPOINT_KEY, TinyGPTModule, check_training_setup
+from lit_spikes.module import TinyGPTModule, check_training_setup, clipping_from_checkpoint
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
 from lit_spikes.training import (
@@ -93,14 +93,6 @@ def _launched_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
-
-
-def _holds_checkpoints(directory: Path) -> bool:
-    """Whether ``directory`` holds any ``step=<k>.ckpt``, valid or not."""
-    try:
-        return bool(checkpoint_files(directory))
-    except FileNotFoundError:
-        return False
 
 
 class LitSpikesCLI(LightningCLI):
@@ -238,19 +230,16 @@ class LitSpikesCLI(LightningCLI):
         latest = path in ("latest", "last")
         if latest:
             directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
+            found: Path | None = None
             try:
                 _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
             except FileNotFoundError as error:
                 fitting = self.config.get("subcommand") == "fit"
-                if path == "last" and fitting and not _holds_checkpoints(directory):
-                    # Lightning's "last": set and forget, from a job's first start on (a
-                    # requeued job's command line is the first one's); a run of no
-                    # checkpoint that left its events is still refused
-                    config["ckpt_path"] = None
-                    self._refuse_mixed_histories(config, None, None)
-                    return
-                self.parser.error(f"--ckpt_path {path}: {error}")
-            config["ckpt_path"] = path = str(found)
+                # Lightning's "last": set and forget, from a job's first start on (a
+                # requeued job's command line is the first one's): a new run, below
+                if not (path == "last" and fitting and not checkpoint_files_if_any(directory)):
+                    self.parser.error(f"--ckpt_path {path}: {error}")
+            config["ckpt_path"] = path = None if found is None else str(found)
         if not path:
             if self.config.get("subcommand") == "fit":
                 self._refuse_mixed_histories(config, None, None)
@@ -273,10 +262,7 @@ class LitSpikesCLI(LightningCLI):
         resumes that directory's run from its newest file (``latest`` always does)."""
         root = config["trainer"]["default_root_dir"]
         directory = Path(root) / CHECKPOINT_DIRNAME
-        try:
-            steps = [s for s, _ in checkpoint_files(directory)]
-        except FileNotFoundError:
-            steps = []
+        steps = [s for s, _ in checkpoint_files_if_any(directory)]
         if not steps:
             events = sorted(Path(root).glob("events.out.tfevents.*"))
             if path is None and events:  # a run of no checkpoints (--checkpoint_every 0)
@@ -335,11 +321,8 @@ class LitSpikesCLI(LightningCLI):
         data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
         if data is not None:  # files from before hold only the data seed
             saved |= {f"data.config.{key}": value for key, value in flat_config(data).items()}
-        fingerprint = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {})
-        if "gradient_clip" in fingerprint:  # a Trainer setting, kept for the same reason
-            clip = fingerprint["gradient_clip"] or {"value": None, "algorithm": None}
-            saved["trainer.gradient_clip_val"] = clip["value"]
-            saved["trainer.gradient_clip_algorithm"] = clip["algorithm"]
+        # A Trainer setting, kept for the same reason
+        saved |= {f"trainer.{k}": v for k, v in clipping_from_checkpoint(checkpoint).items()}
         if self.config["subcommand"] == "fit":
             # The callbacks (remedies, the detector) are in no checkpoint field that builds
             # them: the run's own config.yaml, beside its checkpoints, has them.

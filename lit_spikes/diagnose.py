@@ -35,8 +35,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning
-import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
@@ -53,7 +51,13 @@ from lit_spikes.data import (
     plain_config,
 )
 from lit_spikes.model import GPTConfig
-from lit_spikes.module import CHECKPOINT_KEY, OptimConfig, TinyGPTModule
+from lit_spikes.module import (
+    CHECKPOINT_KEY,
+    OptimConfig,
+    TinyGPTModule,
+    clipping_from_checkpoint,
+    software_fingerprint,
+)
 from lit_spikes.recover import DetectorConfig
 from lit_spikes.training import RunSpec, quiet_branches, unwritable_directory
 
@@ -131,16 +135,6 @@ class Verdict:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def clipping_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer's gradient clipping the checkpoint's run trained with, as Trainer
-    arguments (none: ``{}``; files from before the fingerprint recorded it: ``{}`` too,
-    give it yourself)."""
-    clip = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {}).get("gradient_clip")
-    if not clip:
-        return {}
-    return {"gradient_clip_val": clip["value"], "gradient_clip_algorithm": clip["algorithm"]}
 
 
 def callbacks_from_checkpoint(checkpoint: dict[str, Any]) -> list[Callback]:
@@ -375,11 +369,7 @@ def _incomparable(checkpoint: dict[str, Any]) -> str | None:
     """Why a replay in this process cannot reproduce the checkpoint's run to the bit
     (None: it can)."""
     saved = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {})
-    here = {
-        "cpu": torch.backends.cpu.get_cpu_capability(),
-        "torch": str(torch.__version__),
-        "lightning": str(lightning.__version__),
-    }
+    here = software_fingerprint()
     differ = [
         f"{key} {saved[key]!r} there, {value!r} here"
         for key, value in here.items()

@@ -439,13 +439,9 @@ class TinyGPTModule(pl.LightningModule):
         trainer = self._trainer
         world_size = trainer.world_size if trainer is not None else 1
         return {
-            "torch": str(torch.__version__),
-            "lightning": str(lightning.__version__),
+            **software_fingerprint(),
             "num_threads": torch.get_num_threads(),
             "flush_denormal": flush_denormal_enabled(),
-            # The SIMD kernels torch picked (AVX2, AVX512, ...): they round differently, so
-            # the same run on another CPU family is another (equally exact) trajectory.
-            "cpu": torch.backends.cpu.get_cpu_capability(),
             "world_size": world_size,
             "precision": str(trainer.precision) if trainer is not None else "32-true",
             "gradient_clip": gradient_clipping(trainer),
@@ -588,6 +584,17 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered
 
 
+def software_fingerprint() -> dict[str, str]:
+    """The versions and CPU kernels a step's numerics depend on, in this process."""
+    return {
+        "torch": str(torch.__version__),
+        "lightning": str(lightning.__version__),
+        # The SIMD kernels torch picked (AVX2, AVX512, ...): they round differently, so
+        # the same run on another CPU family is another (equally exact) trajectory.
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def gradient_clipping(trainer: pl.Trainer | None) -> dict[str, Any] | None:
     """The Trainer's gradient clipping as a checkpoint records it: None for none (no
     ``gradient_clip_val``, or 0), else its value and algorithm (Lightning's default: norm)."""
@@ -596,6 +603,16 @@ def gradient_clipping(trainer: pl.Trainer | None) -> dict[str, Any] | None:
         return None
     algorithm = getattr(trainer, "gradient_clip_algorithm", None)
     return {"value": float(value), "algorithm": str(getattr(algorithm, "value", "norm"))}
+
+
+def clipping_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer arguments of the gradient clipping a checkpoint's run trained with
+    (``gradient_clipping`` as its fingerprint records it): ``{}`` for none, and for files
+    from before the fingerprint recorded it."""
+    clip = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {}).get("gradient_clip")
+    if not clip:
+        return {}
+    return {"gradient_clip_val": clip["value"], "gradient_clip_algorithm": clip["algorithm"]}
 
 
 def check_training_setup(

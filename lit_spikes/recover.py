@@ -81,9 +81,7 @@ from lit_spikes.data import (
     DataConfig,
     StepDataModule,
     data_config_from_dict,
-    normalize_skip,
     plain_config,
-    position_of_step,
 )
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import (
@@ -1305,7 +1303,9 @@ class RecoveryLoop:
     ) -> None:
         """Rank 0's part of a branch's end: its counts, and spiked or finished."""
         config = self.config
-        self.summarize(record, detector, trainer_callbacks(trainer))
+        datamodule = getattr(trainer, "datamodule", None)  # typed loosely by Lightning
+        assert isinstance(datamodule, StepDataModule)
+        self.summarize(record, detector, trainer_callbacks(trainer), datamodule)
         if gate.stop_spike is not None:
             record.status, record.spike = "spiked", gate.stop_spike
             self.event(
@@ -1336,10 +1336,15 @@ class RecoveryLoop:
         self.event("accepted", branch=record.name, at_step=step)
 
     def summarize(
-        self, record: BranchRecord, detector: SpikeDetector, callbacks: Sequence[Callback]
+        self,
+        record: BranchRecord,
+        detector: SpikeDetector,
+        callbacks: Sequence[Callback],
+        datamodule: StepDataModule,
     ) -> None:
-        """The branch's counts, from its own records and its callbacks' states, which
-        hold every session's steps (a resumed run restored them from its checkpoint)."""
+        """The branch's counts, from its own records, its callbacks' states and its data
+        module's skip set, which hold every session's steps (a resumed run restored them
+        from its checkpoint)."""
         records = read_history(self.root / record.name / HISTORY_NAME)
         steps = [r for r in records if "step" in r]
         vals = [r for r in records if "val_step" in r]
@@ -1351,12 +1356,8 @@ class RecoveryLoop:
             # The offset before the branch's first step: a window the branch skips from
             # that very step on (its start clamped to the checkpoint's position) is already
             # in the first step's position.
-            skip = normalize_skip(
-                [p for c in callbacks if isinstance(c, BatchSkipper) for p in c.skip]
-                + list(self.config.data.skip)
-            )
             before = int(first["step"]) - 1
-            offset = position_of_step(before, skip) - before if before >= 0 else 0
+            offset = datamodule.position_of_step(before) - before if before >= 0 else 0
             record.batches_skipped = int(last["position"] - last["step"]) - offset
             record.max_logit = max(float(r["max_logit"]) for r in steps)
         record.val_bpc = float(vals[-1]["val_bpc"]) if vals else None
