@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import step_datamodule
+from lit_spikes.callbacks._common import step_datamodule
 from lit_spikes.data import normalize_skip
 
 

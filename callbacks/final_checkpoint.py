@@ -8,8 +8,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import check_integer, trainer_callbacks, unused_checkpoint_path
-from callbacks.preemption import PreemptionCheckpoint
+from lit_spikes.callbacks._common import check_integer, trainer_callbacks, unused_checkpoint_path
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 
 
 class FinalCheckpoint(Callback):

@@ -11,7 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from callbacks._common import (
+from lit_spikes.callbacks._common import (
     adopt_older_key,
     check_finite_above,
     check_integer,

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
-from callbacks._common import trainer_callbacks
+from lit_spikes.callbacks._common import trainer_callbacks
 from lit_spikes.checkpoints import AtomicCheckpointIO, checkpoint_files_if_any, wait_for_writes
 
 LOCK_NAME = ".lit-spikes.lock"

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks._common import check_finite_above, check_integer, module_history
+from lit_spikes.callbacks._common import check_finite_above, check_integer, module_history
 
 SKIP_METRICS = ("loss", "grad_norm")
 """What a ``SkipStep`` can judge a step by."""

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from callbacks._common import (
+from lit_spikes.callbacks._common import (
     adopt_older_key,
     check_finite_above,
     check_integer,

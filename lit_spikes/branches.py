@@ -38,8 +38,8 @@ from rich.progress import (
 )
 from typing_extensions import override
 
-from callbacks._common import trainer_callbacks
-from callbacks.preemption import PreemptionCheckpoint
+from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import checkpoint_step, wait_for_writes
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig

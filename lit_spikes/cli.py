@@ -27,9 +27,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from callbacks.final_checkpoint import FinalCheckpoint
-from callbacks.preemption import PreemptionCheckpoint
-from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
+from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
+from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
     checkpoint_files_if_any,

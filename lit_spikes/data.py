@@ -433,7 +433,7 @@ class StepDataModule(pl.LightningDataModule):
         return datamodule
 
     def add_skip(self, positions: Iterable[int]) -> None:
-        """Skip more data positions from now on (used by ``callbacks.BatchSkipper``)."""
+        """Skip more data positions from now on (used by ``lit_spikes.callbacks.BatchSkipper``)."""
         self.skip = normalize_skip((*self.skip, *positions))
 
     def position_of_step(self, step: int) -> int:

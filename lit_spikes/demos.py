@@ -178,7 +178,7 @@ class DemoSetup:
     def reference(self, **changes: object) -> Branch:
         """The uninterrupted run that writes the checkpoints every branch resumes from;
         it watches for spikes (demo 2 needs them) without acting on them."""
-        from callbacks import SpikeDetector
+        from lit_spikes.callbacks import SpikeDetector
 
         changes.setdefault("callbacks", [SpikeDetector(min_step=self.optim.warmup_steps)])
         changes.setdefault("val_every", self.val_every)
@@ -379,7 +379,7 @@ def plan_remedies(setup: DemoSetup, spikes: list[dict[str, Any]]) -> SpikePlan:
     Raises:
         NoSpikeAfterWarmup: the reference run had no spike after warm-up.
     """
-    from callbacks.rollback import RollbackRestore
+    from lit_spikes.callbacks.rollback import RollbackRestore
 
     after = sorted(
         (s for s in spikes if int(s["step"]) >= setup.optim.warmup_steps),
@@ -414,7 +414,7 @@ def plan_remedies(setup: DemoSetup, spikes: list[dict[str, Any]]) -> SpikePlan:
 
 def demo2_branches(setup: DemoSetup, plan: SpikePlan) -> list[Branch]:
     """Demo 2's remedies, each resumed from the checkpoint before the spike."""
-    from callbacks import BatchSkipper, LRScaler
+    from lit_spikes.callbacks import BatchSkipper, LRScaler
 
     k, ckpt = plan.ckpt_step, plan.ckpt_path
     (a0, a1), (b0, b1) = plan.skip_before, plan.skip_straddle

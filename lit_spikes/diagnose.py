@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 from rich.table import Table
 
-from callbacks import BatchSkipper, LRScaler, SkipStep, SpikeDetector
+from lit_spikes.callbacks import BatchSkipper, LRScaler, SkipStep, SpikeDetector
 from lit_spikes.checkpoints import CheckpointError, checkpoint_step, load_checkpoint
 from lit_spikes.data import (
     DataConfig,

@@ -26,7 +26,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
-from callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
+from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.branches import (
     BranchInterrupted,
     BranchResult,

@@ -7,7 +7,7 @@ file, one branch each, in the order of a configurable ladder:
 
 1. ``skip_data``: skip the data positions around the spike (PaLM);
 2. ``scale_lr``: multiply the LR by ``lr_factor`` from the checkpoint's step on (OPT);
-3. ``skip_step``: skip the update of outlier steps (``callbacks.SkipStep``, OLMo-core);
+3. ``skip_step``: skip the update of outlier steps (``lit_spikes.callbacks.SkipStep``, OLMo-core);
 4. ``clip``: clip the gradient norm.
 
 A branch is accepted once it passes the spike's step plus ``accept_margin`` steps without
@@ -60,7 +60,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import override
 
-from callbacks import (
+from lit_spikes.callbacks import (
     BatchSkipper,
     LRScaler,
     PreemptionCheckpoint,
@@ -68,9 +68,9 @@ from callbacks import (
     SkipStep,
     SpikeDetector,
 )
-from callbacks._common import module_history, trainer_callbacks
-from callbacks.rollback import RollbackRestore
-from callbacks.run_lock import LOCK_NAME, RunDirectoryLock
+from lit_spikes.callbacks._common import module_history, trainer_callbacks
+from lit_spikes.callbacks.rollback import RollbackRestore
+from lit_spikes.callbacks.run_lock import LOCK_NAME, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
     atomic_write,

@@ -19,7 +19,7 @@ from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
-from callbacks._common import validates_at_this_step_anyway
+from lit_spikes.callbacks._common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.tb import TensorBoardStepLogger
@@ -146,12 +146,12 @@ class RunSpec:
         return self.log_root / self.name
 
     def trainer(self) -> pl.Trainer:
-        from callbacks.run_lock import RunDirectoryLock
+        from lit_spikes.callbacks.run_lock import RunDirectoryLock
 
         lock = RunDirectoryLock(self.run_dir)
         callbacks = [lock, *self.callbacks]
         if self.checkpoint_every is not None:
-            from callbacks.preemption import PreemptionCheckpoint
+            from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 
             callbacks.append(PreemptionCheckpoint(self.run_dir / CHECKPOINT_DIRNAME))
             callbacks.append(

@@ -48,7 +48,7 @@ from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 from rich.table import Table
 
-from callbacks import SpikeDetector
+from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.demos import DEMO_BRANCHES, DemoSetup
 from lit_spikes.main_job import run_main_job
@@ -255,7 +255,7 @@ def bench_detector(console: Console, step_ms: float) -> None:
     """Part 4: the spike detector's cost per step, and the time from a detected spike to
     the first step of a remedy branch (choosing the checkpoint, building the Trainer,
     restoring), beyond the steps recomputed."""
-    from callbacks import LRScaler, RollbackRestore
+    from lit_spikes.callbacks import LRScaler, RollbackRestore
     from lit_spikes.branches import Branch, run_branch
 
     detector = SpikeDetector(metrics=("loss", "max_logit", "grad_norm"), z_score=6.0)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.run_lock import RunDirectoryLock
+from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.checkpoints import CheckpointError, checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
@@ -233,7 +233,7 @@ def directory_holder() -> Iterator[Callable[[Path], Any]]:
 
 def lock_probe(directory: Path) -> str:
     """What another process gets when it tries to lock ``directory``."""
-    code = f"from callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
+    code = f"from lit_spikes.callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     if "RunDirectoryBusy" in done.stderr:
         return "busy"

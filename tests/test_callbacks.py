@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from callbacks import (
+from lit_spikes.callbacks import (
     BatchSkipper,
     CheckpointRetention,
     FinalCheckpoint,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from callbacks import LRScaler
+from lit_spikes.callbacks import LRScaler
 from lit_spikes.cli import main
 from tests.conftest import TINY_CLI
 
@@ -224,7 +224,7 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
     every += ["--trainer.max_steps", "12"]
     data = ["--data.config.seed", "5", "--data.config.world.num_chars", "30000"]
     clip = ["--trainer.gradient_clip_val", "0.05", "--trainer.gradient_clip_algorithm", "value"]
-    scaler = ["--trainer.callbacks+=callbacks.LRScaler", "--trainer.callbacks.factor", "0.5"]
+    scaler = ["--trainer.callbacks+=lit_spikes.callbacks.LRScaler", "--trainer.callbacks.factor", "0.5"]
     scaler += ["--trainer.callbacks.start_step", "6"]
     ref = tmp_path / "ref"
     main(["fit", *TINY_CLI, *every, *data, *clip, *scaler, "--trainer.default_root_dir", str(ref)])
@@ -240,7 +240,7 @@ def test_ckpt_path_alone_resumes_the_checkpoints_data_and_model_bit_exactly(
     # the run's callbacks (here its remedy) from its config.yaml, beside its checkpoints
     (scaling,) = [c for c in cli.trainer.callbacks if isinstance(c, LRScaler)]
     assert (scaling.factor, scaling.start_step) == (0.5, 6)
-    assert "callbacks.LRScaler" in (resumed / "config.yaml").read_text()
+    assert "lit_spikes.callbacks.LRScaler" in (resumed / "config.yaml").read_text()
     assert str(cli.trainer.gradient_clip_algorithm.value) == "value"
     assert_states_equal(
         load_ckpt(ref / "checkpoints" / "step=12.ckpt"),

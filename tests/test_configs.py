@@ -33,15 +33,15 @@ TINY_OVERRIDES = [
 REMEDY_CHANGES: dict[str, dict[str, Any]] = {
     "halve_lr": {
         "trainer.callbacks": [
-            "callbacks.SpikeDetector",
-            {"class_path": "callbacks.LRScaler", "init_args": {"factor": 0.5, "start_step": 100}},
+            "lit_spikes.callbacks.SpikeDetector",
+            {"class_path": "lit_spikes.callbacks.LRScaler", "init_args": {"factor": 0.5, "start_step": 100}},
         ]
     },
     "clipping": {"trainer.gradient_clip_val": 1.0},
     "skip_data": {
         "trainer.callbacks": [
-            "callbacks.SpikeDetector",
-            {"class_path": "callbacks.BatchSkipper", "init_args": {"ranges": [[120, 150]]}},
+            "lit_spikes.callbacks.SpikeDetector",
+            {"class_path": "lit_spikes.callbacks.BatchSkipper", "init_args": {"ranges": [[120, 150]]}},
         ]
     },
     "qk_norm": {"model.gpt.qk_norm": True},
@@ -130,7 +130,7 @@ def test_reference_is_the_cli_default(tmp_path: Path) -> None:
     reference = CONFIG_DIR / "reference.yaml"
     assert _parsed(["--config", str(reference)], tmp_path) == _parsed([], tmp_path)
     detectors = _load(reference)["trainer"]["callbacks"]
-    assert [d["class_path"] for d in detectors] == ["callbacks.SpikeDetector"]
+    assert [d["class_path"] for d in detectors] == ["lit_spikes.callbacks.SpikeDetector"]
 
 
 @pytest.mark.parametrize("name", sorted(REMEDY_CHANGES))
@@ -142,7 +142,7 @@ def test_remedy_is_the_reference_plus_one_change(name: str) -> None:
     for key, value in REMEDY_CHANGES[name].items():
         if key == "trainer.callbacks":
             detector = reference["trainer.callbacks"][0]
-            value = [detector if v == "callbacks.SpikeDetector" else v for v in value]
+            value = [detector if v == "lit_spikes.callbacks.SpikeDetector" else v for v in value]
         expected[key] = value
     assert remedy == expected
 

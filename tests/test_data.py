@@ -162,7 +162,7 @@ def test_a_validation_at_an_epochs_end_that_never_comes_warns() -> None:
 
 def test_load_from_checkpoint_gives_the_data_module_the_run_trained_with(tmp_path: Path) -> None:
     """Not Lightning's default-built one (this data module saves no hyperparameters)."""
-    from callbacks import BatchSkipper
+    from lit_spikes.callbacks import BatchSkipper
     from tests.conftest import fit
 
     data = replace(TINY_DATA, seed=3)

@@ -27,7 +27,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
-from callbacks import BatchSkipper, LRScaler, SpikeDetector
+from lit_spikes.callbacks import BatchSkipper, LRScaler, SpikeDetector
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import RunSpec, checkpoint_path

@@ -13,7 +13,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 
-from callbacks import RunDirectoryBusy
+from lit_spikes.callbacks import RunDirectoryBusy
 from lit_spikes.demos import DEMO_BRANCHES, DemoSetup, PalmCost, default_workers
 from lit_spikes.main_job import MainJobResult, run_main_job
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, tb_steps

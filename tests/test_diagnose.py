@@ -17,7 +17,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks import LRScaler, SpikeDetector
+from lit_spikes.callbacks import LRScaler, SpikeDetector
 from lit_spikes.cli import main as cli_main
 from lit_spikes.data import DataConfig
 from lit_spikes.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks import LRScaler, SpikeDetector
+from lit_spikes.callbacks import LRScaler, SpikeDetector
 from lit_spikes.branches import run_branch
 from lit_spikes.demos import DemoSetup
 

@@ -19,8 +19,8 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 
-from callbacks import RunDirectoryBusy, SpikeDetector
-from callbacks.run_lock import LOCK_NAME
+from lit_spikes.callbacks import RunDirectoryBusy, SpikeDetector
+from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.cli import main as cli_main
 from lit_spikes.recover import (

@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lit_spikes.checkpoints as checkpoints_module
-from callbacks import (
+from lit_spikes.callbacks import (
     CheckpointRetention,
     LRScaler,
     PreemptionCheckpoint,
@@ -35,7 +35,7 @@ from callbacks import (
     RunDirectoryLock,
     SpikeDetector,
 )
-from callbacks.run_lock import LOCK_NAME
+from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -395,7 +395,7 @@ def test_a_new_run_into_another_runs_checkpoints_is_refused_from_python_too(
     """What lit-spikes fit refuses: RunSpec (and Lightning's ckpt_path="last", which finds
     no last.ckpt here and would start from step 0) mixed step=<k>-v1.ckpt files and
     duplicate TensorBoard steps into the first run's directory."""
-    from callbacks import AnotherHistory
+    from lit_spikes.callbacks import AnotherHistory
 
     first = fit(tmp_path, "run", N, checkpoint_every=EVERY)
     files = sorted(p.name for p in (first.spec.run_dir / "checkpoints").iterdir())
@@ -1240,12 +1240,12 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
         (["--checkpoint_every", "-1"], "--checkpoint_every=-1 must be >= 0"),
         (
             [
-                "--trainer.callbacks+=callbacks.BatchSkipper",
+                "--trainer.callbacks+=lit_spikes.callbacks.BatchSkipper",
                 "--trainer.callbacks.ranges=[[30, 20]]",
             ],
             "ranges entry",
         ),
-        (["--trainer.callbacks+=callbacks.NoSuchRemedy"], "NoSuchRemedy"),
+        (["--trainer.callbacks+=lit_spikes.callbacks.NoSuchRemedy"], "NoSuchRemedy"),
         (["--trainer.default_root_dir", "/proc/lit-spikes/run"], "cannot be created"),
         (["--trainer.default_root_dir", "/proc/self"], "/proc/self is not writable"),
         (["--model.gpt.block_size", "8"], "DataConfig.block_size=16 exceeds GPTConfig.block_"),

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from callbacks import SkipStep, SpikeDetector
+from lit_spikes.callbacks import SkipStep, SpikeDetector
 from lit_spikes.training import checkpoint_path
 from tests.conftest import REPO, TINY_DATA, TINY_OPTIM, assert_states_equal, ddp_env, fit, load_ckpt
 
