@@ -10,18 +10,18 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import step_datamodule
-from lit_spikes.data import normalize_skip
+from lit_spikes.loader import PositionedData, normalize_skip, positioned
 
 
 class BatchSkipper(Callback):
     """Skips the given data positions (PaLM skipped 200-500 batches around each spike).
 
-    Feeds the StepDataModule's skip set in ``setup``: from then on the data pointer jumps
-    past those positions while the global step, and with it the LR schedule, goes on.
-    The skip set is part of the checkpoint (the DataModule's state and this callback's),
-    so a resumed run keeps skipping the same data. Logs ``data/skipped``, the number of
-    positions skipped so far; the module logs each step's ``data/position``.
+    Feeds the skip set of the fit's step-indexed data (a ``StepLoader``, or a DataModule
+    that is ``PositionedData``, as the demo's ``StepDataModule``) before its first batch:
+    from then on the data pointer jumps past those positions while the global step, and
+    with it the LR schedule, goes on. The skip set is part of the checkpoint (the data's
+    state and this callback's), so a resumed run keeps skipping the same data. Logs
+    ``data/skipped``, the number of positions skipped so far.
 
     Args:
         positions: single data positions to skip.
@@ -30,7 +30,8 @@ class BatchSkipper(Callback):
     Raises:
         ValueError: a negative position, a range whose end is not after its start, or
             nothing to skip at all.
-        TypeError: in ``setup``, if the Trainer has no StepDataModule.
+        TypeError: at the fit's start, if its data cannot be positioned by step (a plain
+            ``DataLoader``, which Lightning restarts at its first batch): use ``StepLoader``.
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[BatchSkipper(ranges=[(110, 140)])])
@@ -59,30 +60,41 @@ class BatchSkipper(Callback):
         self._key = self._generate_state_key(
             first=configured[0], count=len(configured), positions=f"{digest:08x}"
         )
-        self._old_key = self._generate_state_key(first=configured[0], count=len(configured))
+        self._fed: PositionedData | None = None
 
     @property
     @override
     def state_key(self) -> str:
         return self._key
 
-    @property
-    @override
-    def _legacy_state_key(self) -> str:  # type: ignore[override]
-        return self._old_key  # files from before the digest joined the key
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        step_datamodule(trainer, "BatchSkipper").add_skip(self.skip)
+        self._fed = None
+        datamodule = getattr(trainer, "datamodule", None)  # set on it, untyped
+        if isinstance(datamodule, PositionedData):  # before a resume restores its state
+            datamodule.add_skip(self.skip)
+            self._fed = datamodule
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._fed is None:  # a loader given to fit: it exists only now
+            self._fed = positioned(trainer)
+            if self._fed is None:
+                raise TypeError(
+                    "BatchSkipper skips data positions, but this fit's train data cannot be "
+                    "positioned by step (a plain DataLoader restarts at its first batch after "
+                    "a resume, and would train other batches than it reports): give it a "
+                    "lit_spikes.StepLoader"
+                )
+            self._fed.add_skip(self.skip)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
+        assert self._fed is not None
         step = trainer.global_step - 1  # the step just trained: the optimizer counted it
-        position = step_datamodule(trainer, "BatchSkipper").position_of_step(step)
-        # To the loggers at that step, as the module logs the step's data/position (through
-        # self.log, 0.6 ms a step, it was the next step's count).
+        position = self._fed.position_of_step(step)
         for logger in trainer.loggers:
             logger.log_metrics({"data/skipped": float(position - step)}, step=step)
 

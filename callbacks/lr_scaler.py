@@ -11,12 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import (
-    adopt_older_key,
-    check_finite_above,
-    check_integer,
-    spelled_as_before_floats,
-)
+from lit_spikes.callbacks._common import check_finite_above, check_integer
 
 
 class LRScaler(Callback):
@@ -48,10 +43,8 @@ class LRScaler(Callback):
 
     Raises:
         ValueError: a factor that is not a finite number > 0, a start that is not an
-            integer >= 0, or an end not after the start; on resume from a file written
-            before ``end_step`` existed (named by factor and start only), another end;
-            at the fit's start, an optimizer without an LR scheduler (there is no
-            scheduled LR to scale).
+            integer >= 0, or an end not after the start; at the fit's start, an
+            optimizer without an LR scheduler (there is no scheduled LR to scale).
 
     Example:
         >>> trainer = pl.Trainer(callbacks=[LRScaler(factor=0.5, start_step=100)])
@@ -76,22 +69,6 @@ class LRScaler(Callback):
         return self._generate_state_key(
             factor=self.factor, start_step=self.start_step, end_step=self.end_step
         )
-
-    @property
-    @override
-    def _legacy_state_key(self) -> str:  # type: ignore[override]
-        # Files written before end_step joined the key: Lightning falls back to this one.
-        return self._generate_state_key(factor=self.factor, start_step=self.start_step)
-
-    @override
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        # A file from before factor was kept as a float names factor=1 as 1, not 1.0.
-        full = {"factor": self.factor, "start_step": self.start_step, "end_step": self.end_step}
-        legacy = {"factor": self.factor, "start_step": self.start_step}
-        keys = [self._generate_state_key(**spelled_as_before_floats(s)) for s in (full, legacy)]
-        adopt_older_key(checkpoint, self.state_key, [self._legacy_state_key, *keys])
 
     def active(self, step: int) -> bool:
         return step >= self.start_step and (self.end_step is None or step < self.end_step)

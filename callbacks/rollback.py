@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks._common import check_integer
 from lit_spikes.checkpoints import newest_valid_checkpoint
+from lit_spikes.loader import positioned
 
 
 class RollbackRestore(Callback):
@@ -36,6 +37,8 @@ class RollbackRestore(Callback):
     Raises:
         ValueError: a negative ``spike_step`` or ``distance``, or ``distance`` beyond
             ``spike_step``; in ``on_train_start``, a Trainer that resumed from another file.
+        TypeError: in ``on_train_start``, train data that cannot be positioned by step (a
+            plain ``DataLoader``): use ``StepLoader``.
         FileNotFoundError: on first use of ``ckpt_path``/``ckpt_step`` (or ``fit``),
             ``dirpath`` does not exist or holds no valid checkpoint at or before step
             ``spike_step - distance``.
@@ -87,10 +90,22 @@ class RollbackRestore(Callback):
         return self._choose()[0]
 
     def fit(
-        self, trainer: pl.Trainer, model: pl.LightningModule, datamodule: pl.LightningDataModule
+        self,
+        trainer: pl.Trainer,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule | None = None,
+        *,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
     ) -> None:
-        """``trainer.fit`` from the chosen checkpoint."""
-        trainer.fit(model, datamodule=datamodule, ckpt_path=self.ckpt_path)
+        """``trainer.fit`` from the chosen checkpoint, with data as ``Trainer.fit`` takes it."""
+        trainer.fit(
+            model,
+            train_dataloaders=train_dataloaders,
+            val_dataloaders=val_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=self.ckpt_path,
+        )
 
     @property
     @override
@@ -99,6 +114,13 @@ class RollbackRestore(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if positioned(trainer) is None:
+            raise TypeError(
+                "RollbackRestore resumes at an earlier step, but this fit's train data cannot "
+                "be positioned by step (a plain DataLoader restarts at its first batch, so "
+                "every step after the rollback would train the wrong batch): give it a "
+                "lit_spikes.StepLoader"
+            )
         if self._continued_from is not None:
             return  # a checkpoint of this branch: it rolled back when it began
         # The Trainer knows its ckpt_path only once it restored it, after `setup`.

@@ -5,35 +5,25 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import (
-    adopt_older_key,
-    check_finite_above,
-    check_integer,
-    spelled_as_before_floats,
-    state_under_any,
-    step_record,
+from lit_spikes.callbacks._common import check_finite_above, check_integer
+from lit_spikes.callbacks._watch import (
+    GRAD_NORM,
+    LOSS,
+    Watcher,
+    monitor_names,
+    note_grad_norm,
+    note_loss,
+    rank_values,
+    reduce_ranks,
 )
-
-MONITORABLE = ("loss", "max_logit", "grad_norm")
-"""Per-step values TinyGPTModule records, and so what a detector can watch."""
-
-RANK_REDUCTION: dict[str, Literal["mean", "max"]] = {
-    "loss": "mean",
-    "max_logit": "max",
-    "grad_norm": "mean",
-}
-"""How each metric's per-rank values combine into the global one under several processes:
-the loss of the global batch is the mean of the ranks' losses (their shards are equal in
-size); the largest attention logit is the largest of any rank; the gradient norm is
-measured after DDP averaged the gradients, so it is the same on every rank already."""
 
 
 def describe_spike(spike: dict[str, Any], action: str = "log") -> str:
@@ -46,7 +36,7 @@ def describe_spike(spike: dict[str, Any], action: str = "log") -> str:
     )
 
 
-class SpikeDetector(Callback):
+class SpikeDetector(Watcher):
     r"""Flags a step whose value jumps above a rolling reference; a NaN or inf of a watched
     value is always a spike.
 
@@ -56,32 +46,29 @@ class SpikeDetector(Callback):
     too: a jump is flagged while it is new, and a loss that settles on a higher level stops
     being flagged once the window has caught up with it. Each spike is recorded (global
     step, metric, value, reference) in the callback's state, so it survives checkpoints and
-    resume, and is logged to TensorBoard as ``spike/<metric>`` at its step.
+    resume, and is logged as ``spike/<metric>`` at its step. The window and the last
+    ``max_records`` spikes are all the state holds: its size is bounded however long the
+    run (``num_spikes`` counts every spike).
 
     Defaults, next to the anchors' choices: Megatron-LM flags a loss 10x the early maximum;
     OLMo-core mean + 6 sigma over 128 steps; llm-foundry 2x the window mean for more than 4
     steps; Lightning's ``SpikeDetection`` rtol 2 over a window of 10 (whose restore path is
     broken and whose indices are per-epoch batch indices; ours are global steps and
-    restore). Ours: 1.4x the mean of the last 20 steps, after 20 steps: this tiny model's
-    step-to-step noise stays well under 15% once warm-up has started, while the spike the
-    demos study is a rise of 40% and more within a few steps.
+    restore). Ours: 1.4x the mean of the last 20 steps, after 20 steps.
 
-    Under several processes (DDP), the module's ``history`` holds each rank's own values
-    (the loss of its shard). The detector gathers them from every rank each step (one
-    ``all_gather``) and judges the global value: the mean of the ranks' losses, the largest
-    ``max_logit``, the (already identical) ``grad_norm``; see ``RANK_REDUCTION``. Every rank
-    computes it from the same gathered tensor in the same order, so every rank holds the
-    same reference, flags the same global steps and, with ``action="stop"``, sets
-    ``trainer.should_stop`` at the same step: a bad batch in one rank's shard stops all of
-    them together (a rank stopping alone would leave the others waiting forever in the
-    gradient all-reduce). Each spike record then also holds ``rank_values``, the values of
-    each rank, to show which shard it came from. With one process nothing is gathered.
-
-    Two detectors in one Trainer must differ in a setting other than ``min_step``, which
-    is not part of the state key (Lightning refuses two stateful callbacks of one key).
+    Under several processes (DDP) the value judged is the global one: every watched value
+    of every lit-spikes callback is gathered from all ranks in one ``all_gather`` a step,
+    and reduced in rank order (``reduce``: the mean of the ranks' values, their shards being
+    equal, or the largest), so every rank holds the same reference, flags the same steps
+    and, with ``action="stop"``, stops at the same step (a rank stopping alone would leave
+    the others waiting in the gradient all-reduce). Each spike record then also holds
+    ``rank_values``, to show which shard it came from.
 
     Args:
-        metrics: which per-step values to watch: ``"loss"``, ``"max_logit"``, ``"grad_norm"``.
+        monitor: what to watch, a name or a list: ``"loss"``, the loss ``training_step``
+            returns; ``"grad_norm"``, the total gradient norm before clipping, measured by
+            the callback; any other name, a key of ``trainer.callback_metrics`` (what the
+            module logs with ``self.log``), as ``EarlyStopping(monitor=...)`` reads it.
         window: steps in the rolling reference.
         warmup: steps recorded before any value can be flagged (a NaN or inf of a watched
             value is flagged always).
@@ -92,21 +79,25 @@ class SpikeDetector(Callback):
         min_step: no flag before this global step (the demos look after warm-up).
         verbose: also say each spike on the console (Lightning's info log, rank 0), as
             ``EarlyStopping(verbose=True)`` says why it stops.
+        strict: a ``callback_metrics`` name the module never logs at a step is an error
+            (as ``EarlyStopping(strict=True)``); False: that step is not judged.
+        reduce: ``"mean"`` or ``"max"`` of the ranks' values under several processes.
+        max_records: spikes kept in the state (the latest).
 
     Raises:
         ValueError: an argument out of range, or neither threshold given.
-        TypeError: in ``setup``, if the module does not record per-step values.
+        RuntimeError: with ``strict``, a monitored name missing from
+            ``trainer.callback_metrics`` at a step, naming the ones there are.
 
     Example:
-        >>> detector = SpikeDetector(ratio=1.4, window=20, action="stop")
+        >>> detector = SpikeDetector(monitor="loss", ratio=1.4, window=20, action="stop")
         >>> trainer = pl.Trainer(callbacks=[detector])
         >>> detector.spikes  # [{"step": 122, "metric": "loss", "value": 3.1, "reference": 2.1}]
-        >>> # under DDP also "rank_values": [4.1, 2.1] (rank 0's shard held the bad rows)
     """
 
     def __init__(
         self,
-        metrics: tuple[str, ...] | list[str] = ("loss",),
+        monitor: str | Sequence[str] = LOSS,
         window: int = 20,
         warmup: int = 20,
         ratio: float | None = 1.4,
@@ -115,12 +106,13 @@ class SpikeDetector(Callback):
         action: Literal["log", "stop"] = "log",
         min_step: int = 0,
         verbose: bool = False,
+        strict: bool = True,
+        reduce: Literal["mean", "max"] = "mean",
+        max_records: int = 1000,
     ) -> None:
         super().__init__()
-        metrics = tuple(metrics)
-        unknown = [m for m in metrics if m not in MONITORABLE]
-        if not metrics or unknown:
-            raise ValueError(f"metrics={metrics!r}: choose one or more of {MONITORABLE}")
+        self.monitor = monitor
+        self.monitors = monitor_names(monitor, "SpikeDetector")
         window = check_integer("window", window, 2)
         warmup = check_integer("warmup", warmup, 0)
         if ratio is None and z_score is None:
@@ -131,84 +123,43 @@ class SpikeDetector(Callback):
             ratio = check_finite_above("ratio", ratio, 1.0, " (a spike is a rise)")
         if z_score is not None:
             z_score = check_finite_above("z_score", z_score, 0.0)
-        if mode not in ("any", "all"):
-            raise ValueError(f"mode={mode!r} must be 'any' or 'all'")
-        if action not in ("log", "stop"):
-            raise ValueError(f"action={action!r} must be 'log' or 'stop'")
-        min_step = check_integer("min_step", min_step, 0)
-        self.metrics, self.window, self.warmup = metrics, window, warmup
-        self.ratio, self.z_score, self.mode = ratio, z_score, mode
-        self.action, self.min_step, self.verbose = action, min_step, verbose
-        self.spikes: list[dict[str, Any]] = []
-        self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in metrics}
+        for name, value, allowed in (
+            ("mode", mode, ("any", "all")),
+            ("action", action, ("log", "stop")),
+            ("reduce", reduce, ("mean", "max")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} must be one of {allowed}")
+        self.window, self.warmup, self.ratio, self.z_score = window, warmup, ratio, z_score
+        self.mode, self.action, self.reduce = mode, action, reduce
+        self.min_step = check_integer("min_step", min_step, 0)
+        self.max_records = check_integer("max_records", max_records, 1)
+        self.verbose, self.strict = verbose, strict
+        self.spikes: deque[dict[str, Any]] = deque(maxlen=self.max_records)
+        self.num_spikes = 0
+        self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in self.monitors}
         self._seen = 0
-        self._state_key: tuple[tuple[Any, ...], str] | None = None
 
     @property
     @override
     def state_key(self) -> str:
         # Every setting that makes two detectors judge differently (two of them may watch
         # one run), but min_step: it only gates which flags count, and diagnose replays a
-        # run's detector from step 0. Lightning reads the key for every hook of every step
-        # (to name a profiler section): formatting it each time cost about 0.07 ms a step,
-        # so it is kept per settings.
-        settings = (
-            self.metrics, self.window, self.ratio, self.z_score, self.mode, self.warmup, self.action
-        )  # fmt: skip
-        if self._state_key is None or self._state_key[0] != settings:
-            names = ("metrics", "window", "ratio", "z_score", "mode", "warmup", "action")
-            key = self._generate_state_key(**dict(zip(names, settings, strict=True)))
-            self._state_key = (settings, key)
-        return self._state_key[1]
-
-    @property
-    @override
-    def _legacy_state_key(self) -> str:  # type: ignore[override]
-        # Files written before mode, warmup and action joined the key: Lightning falls back.
+        # run's detector from step 0.
         return self._generate_state_key(
-            metrics=self.metrics, window=self.window, ratio=self.ratio, z_score=self.z_score
+            monitor=self.monitors,
+            window=self.window,
+            ratio=self.ratio,
+            z_score=self.z_score,
+            mode=self.mode,
+            warmup=self.warmup,
+            action=self.action,
         )
 
-    def stored_keys(self) -> list[str]:
-        """Every key a file may hold this detector's state under, newest first: its key,
-        the one from before mode, warmup and action joined it, and both as files from
-        before ratio and z_score were kept as floats spell a whole number given as an
-        int (``ratio: 2`` in a YAML config)."""
-        full = {
-            "metrics": self.metrics,
-            "window": self.window,
-            "ratio": self.ratio,
-            "z_score": self.z_score,
-            "mode": self.mode,
-            "warmup": self.warmup,
-            "action": self.action,
-        }
-        legacy = {name: full[name] for name in ("metrics", "window", "ratio", "z_score")}
-        keys: list[str] = []
-        for settings in (full, legacy):
-            for spelled in (settings, spelled_as_before_floats(settings)):
-                key = self._generate_state_key(**spelled)
-                if key not in keys:
-                    keys.append(key)
-        return keys
-
     def state_in(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-        """This detector's state in ``checkpoint`` (under any key it had), or None."""
-        return state_under_any(checkpoint, self.stored_keys())
-
-    @override
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        adopt_older_key(checkpoint, self.state_key, self.stored_keys())
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if not hasattr(pl_module, "history"):
-            raise TypeError(
-                f"SpikeDetector needs a module that records per-step values in `history` "
-                f"(like TinyGPTModule); {type(pl_module).__name__} does not"
-            )
+        """This detector's state in ``checkpoint``, or None."""
+        state: dict[str, Any] | None = checkpoint.get("callbacks", {}).get(self.state_key)
+        return state
 
     def threshold(self, metric: str) -> float | None:
         """The value above which the next step of ``metric`` is a spike (None: too early)."""
@@ -227,12 +178,12 @@ class SpikeDetector(Callback):
         self,
         step: int,
         values: dict[str, float],
-        rank_values: dict[str, list[float]] | None = None,
+        rank_values: dict[str, list[float | None]] | None = None,
     ) -> list[dict[str, Any]]:
         """Judge one step's (global) values, then add them to the reference; returns the new
         spikes. ``rank_values``, when given, is copied into each spike record."""
         found = []
-        for metric in self.metrics:
+        for metric in self.monitors:
             value = values.get(metric)
             if value is None:
                 continue
@@ -249,15 +200,31 @@ class SpikeDetector(Callback):
                 self._recent[metric].append(value)
         self._seen += 1
         self.spikes.extend(found)
+        self.num_spikes += len(found)
         return found
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
-        record = step_record(pl_module)
-        values, rank_values = self.global_values(trainer, record)
-        found = self.check(int(record["step"]), values, rank_values)
+        note_loss(trainer, loss)
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if GRAD_NORM in self.monitors:
+            note_grad_norm(trainer, pl_module)  # before clipping, or a skip dropping it
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        step = trainer.global_step - 1  # the step just trained: the optimizer counted it
+        per_rank = rank_values(trainer, step, self.monitors, outputs)
+        self._check_present(trainer, per_rank)
+        values = {m: reduce_ranks(v, self.reduce) for m, v in per_rank.items()}
+        found = self.check(step, values, per_rank if trainer.world_size > 1 else None)
         # Straight to the loggers: `self.log` would repeat the last value on every later step.
         for spike in found:
             for logger in trainer.loggers:
@@ -267,45 +234,19 @@ class SpikeDetector(Callback):
         if found and self.action == "stop":
             trainer.should_stop = True
 
-    def global_values(
-        self, trainer: pl.Trainer, record: dict[str, float]
-    ) -> tuple[dict[str, float], dict[str, list[float]] | None]:
-        """The watched metrics of this step over all ranks, and each rank's values.
-
-        With one process: ``record`` itself and None. With several: one ``all_gather`` of
-        every rank's values (NaN and a presence flag where a rank recorded none, e.g. no
-        ``grad_norm`` on a skipped update), reduced as ``RANK_REDUCTION`` says over the
-        ranks that recorded the metric, in rank order; a metric no rank recorded is left out.
-        """
-        if trainer.world_size == 1:
-            return {m: record[m] for m in self.metrics if m in record}, None
-        local = torch.tensor(
-            [
-                [float(record.get(m, math.nan)) for m in self.metrics],
-                [float(m in record) for m in self.metrics],
-            ],
-            dtype=torch.float64,
-            device=trainer.strategy.root_device,  # NCCL gathers only tensors on the GPU
-        )
-        gathered = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2, -1)
-        values: dict[str, float] = {}
-        per_rank: dict[str, list[float]] = {}
-        for index, metric in enumerate(self.metrics):
-            ranks, seen = gathered[:, 0, index].tolist(), gathered[:, 1, index].tolist()
-            present = [value for value, flag in zip(ranks, seen, strict=True) if flag]
-            if not present:
-                continue
-            per_rank[metric] = ranks
-            if RANK_REDUCTION[metric] == "max":
-                # max() would drop a NaN that is not first: any NaN makes the value NaN
-                values[metric] = math.nan if any(map(math.isnan, present)) else max(present)
-            else:
-                values[metric] = sum(present) / len(present)
-        return values, per_rank
+    def _check_present(self, trainer: pl.Trainer, per_rank: dict[str, Any]) -> None:
+        missing = [m for m in self.monitors if m not in per_rank and m not in (LOSS, GRAD_NORM)]
+        if missing and self.strict:
+            there = sorted(trainer.callback_metrics)
+            raise RuntimeError(
+                f"SpikeDetector(monitor={list(self.monitors)!r}): {missing} not in "
+                f"trainer.callback_metrics at step {trainer.global_step - 1} (the module logs "
+                f"{there}). Log it with self.log in training_step, or pass strict=False"
+            )
 
     @property
     def onsets(self) -> list[int]:
-        """First step of each run of consecutive spike steps."""
+        """First step of each run of consecutive spike steps (of the records kept)."""
         steps = sorted({s["step"] for s in self.spikes})
         return [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s - 1]
 
@@ -313,13 +254,15 @@ class SpikeDetector(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {
             "spikes": [dict(s) for s in self.spikes],
+            "num_spikes": self.num_spikes,
             "recent": {m: list(v) for m, v in self._recent.items()},
             "seen": self._seen,
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.spikes = [dict(s) for s in state_dict["spikes"]]
+        self.spikes = deque((dict(s) for s in state_dict["spikes"]), maxlen=self.max_records)
+        self.num_spikes = int(state_dict.get("num_spikes", len(self.spikes)))
         for metric, values in state_dict["recent"].items():
             if metric in self._recent:
                 self._recent[metric] = deque(values, maxlen=self.window)

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.module import TinyGPTModule
+from lit_spikes.callbacks.exact_resume import STATE_KEY, collect_rng_states
 
 
 class ForgetOptimizerState(Callback):
@@ -32,11 +32,14 @@ class ForgetOptimizerState(Callback):
 
 
 class ForgetRNGState(Callback):
-    """Resume without restoring the torch/Python/NumPy RNG states of the checkpoint."""
+    """Resume without restoring the torch/Python/NumPy RNG states of the checkpoint: the
+    process goes on with the states it has (ExactResume restores them as they are now)."""
 
     @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        if isinstance(pl_module, TinyGPTModule):
-            pl_module.discard_pending_rng()
+        # Runs before any callback's load_state_dict reads this same dict.
+        state = checkpoint.get("callbacks", {}).get(STATE_KEY)
+        if state is not None:
+            state["rng_by_rank"] = [collect_rng_states()] * len(state["rng_by_rank"])

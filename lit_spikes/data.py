@@ -1,15 +1,15 @@
-"""Step-indexed data: the batch of global step ``k`` is a pure function of (data seed, k).
+"""The demo's data: random windows of the built-in world's text, served by ``StepLoader``.
 
-The path is ``step -> data position -> batch``. Steps count optimizer updates; data
-positions count batches of data. They are equal until a data position is skipped
-(PaLM's remedy): then the pointer jumps past it while the step counter, and with it the
-LR schedule, goes on. ``position_of_step`` is a pure function of the skip set, so a
-checkpoint needs to store only the step and the skip set, never a sampler's state.
+The batch of global step ``k`` is a pure function of (data seed, the data position of
+``k``): the rows at position ``p`` are windows drawn by a generator seeded from (data
+seed, ``p``) alone (``batch_at``). ``StepLoader`` maps steps to positions through the
+skip set (PaLM's remedy) and resumes at the restored step, as it does for any dataset.
 """
 
 from __future__ import annotations
 
-import bisect
+__all__ = ["check_shard", "mix_seed", "normalize_skip", "position_of_step"]
+
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -21,50 +21,22 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lit_spikes.checkpoints import load_checkpoint
+from lit_spikes.loader import (
+    StepLoader,
+    check_new_skips,
+    check_shard,
+    mix_seed,
+    normalize_skip,
+    position_of_step,
+)
+from lit_spikes.stacklevel import outside_lightning
 from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
 
 Batch = dict[str, torch.Tensor]
-
-
-def normalize_skip(skip: Iterable[int]) -> tuple[int, ...]:
-    """Sorted, de-duplicated data positions, each checked to be a non-negative integer."""
-    values = []
-    for value in skip:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"skip position {value!r} must be a non-negative integer")
-        values.append(value)
-    return tuple(sorted(set(values)))
-
-
-def position_of_step(step: int, skip: tuple[int, ...]) -> int:
-    """The data position that global step ``step`` trains on: the ``step``-th
-    (0-based) position that is not in the sorted tuple ``skip``."""
-    position = step
-    for skipped in skip:  # sorted: each skipped position at or below the pointer pushes it on
-        if skipped <= position:
-            position += 1
-        else:
-            break
-    return position
-
-
-_MASK64 = 2**64 - 1
-
-
-def mix_seed(seed: int, position: int) -> int:
-    """A 32-bit generator seed from (seed, position), well spread (splitmix64 finaliser).
-
-    torch's CPU generator keeps only the low 32 bits of a seed, so ``seed * 2**32 +
-    position`` would make every data seed give the same batches.
-    """
-    x = (seed * 0x9E3779B97F4A7C15 + position) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (x ^ (x >> 31)) & 0xFFFFFFFF
 
 
 def batch_at(
@@ -200,77 +172,59 @@ def data_config_differences(saved: dict[str, Any] | None, current: DataConfig) -
     return config_differences(saved, asdict(current), RESUME_DATA_CHANGES)
 
 
-def check_shard(batch_size: int, rank: int, world_size: int) -> None:
-    """Raises ``ValueError`` unless rank ``rank`` of ``world_size`` processes can take an
-    equal, whole share of a global batch of ``batch_size`` rows."""
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be >= 1")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    if batch_size % world_size:
-        fits = [w for w in range(world_size - 1, 0, -1) if batch_size % w == 0]
-        raise ValueError(
-            f"DataConfig.batch_size={batch_size} is the global batch (rows per step, summed "
-            f"over all processes) and must divide by world_size={world_size} (num_nodes x "
-            f"devices): train on {fits[0]} processes (the same global batch), or change it to "
-            f"a multiple of {world_size}, e.g. "
-            f"{max(world_size, batch_size - batch_size % world_size)} (another data stream)"
-        )
+VIRTUAL_POSITIONS = 2**40
+"""Data positions of the endless window stream: every step's batch exists, as far as any
+run goes (an epoch of StepLoader's would take 2**40 steps)."""
 
 
-class StepBatches(IterableDataset[Batch]):
-    """Infinite stream of the batches of steps ``start_step, start_step + 1, ...``.
+class _WindowRows(Dataset[Batch]):
+    """Row ``r`` of the window batch at data position ``p`` is item ``p * batch_size + r``,
+    so ``StepLoader(shuffle=False)`` serves the batch of each position whole, or each
+    rank its rows of it."""
 
-    Each item carries its ``step`` and data ``position`` so the training step can check
-    that the data matches the optimizer step it is used for. Under several processes
-    each rank takes its contiguous share of the rows of the same global batch: rank ``r``
-    of ``world_size`` gets rows ``[r * b, (r + 1) * b)`` with ``b = batch_size //
-    world_size``, so the global batch of a step does not depend on the world size.
+    def __init__(self, tokens: Callable[[], torch.Tensor], config: DataConfig) -> None:
+        self.tokens, self.config = tokens, config
+        self._cached: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
-    Raises:
-        ValueError: ``world_size < 1``, ``rank`` outside ``[0, world_size)``, or a global
-            batch size that does not divide by ``world_size``.
-    """
+    def __len__(self) -> int:
+        return VIRTUAL_POSITIONS * self.config.batch_size
 
-    def __init__(
-        self,
-        tokens: torch.Tensor,
-        config: DataConfig,
-        skip: tuple[int, ...],
-        start_step: int | Callable[[], int],
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        check_shard(config.batch_size, rank, world_size)
-        self.tokens, self.config, self.skip = tokens, config, skip
-        self.start_step, self.rank, self.world_size = start_step, rank, world_size
+    def windows(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole global batch at ``position`` (drawn once for all its rows)."""
+        if self._cached is None or self._cached[0] != position:
+            config = self.config
+            x, y = batch_at(
+                self.tokens(), position, config.seed, config.batch_size, config.block_size
+            )
+            if position in config.poison:
+                bad_x, bad_y = poisoned_batch(len(ALPHABET), position, x.shape)
+                rows = x.size(0) if config.poison_rows == "all" else x.size(0) // 2
+                x, y = torch.cat((bad_x[:rows], x[rows:])), torch.cat((bad_y[:rows], y[rows:]))
+            self._cached = (position, x, y)
+        return self._cached[1], self._cached[2]
 
-    def batch_of_step(self, step: int) -> Batch:
-        """This rank's rows of the global batch of ``step``, with its step and position."""
-        position = position_of_step(step, self.skip)
-        x, y = batch_at(
-            self.tokens, position, self.config.seed, self.config.batch_size, self.config.block_size
-        )
-        if position in self.config.poison:
-            bad_x, bad_y = poisoned_batch(len(ALPHABET), position, x.shape)
-            rows = x.size(0) if self.config.poison_rows == "all" else x.size(0) // 2
-            x, y = torch.cat((bad_x[:rows], x[rows:])), torch.cat((bad_y[:rows], y[rows:]))
-        rows = self.config.batch_size // self.world_size
-        shard = slice(self.rank * rows, (self.rank + 1) * rows)
-        return {
-            "x": x[shard],
-            "y": y[shard],
-            "step": torch.tensor(step),
-            "position": torch.tensor(position),
-        }
+    def __getitem__(self, index: int) -> Batch:
+        position, row = divmod(index, self.config.batch_size)
+        x, y = self.windows(position)
+        return {"x": x[row], "y": y[row], "position": torch.tensor(position)}
 
-    def __iter__(self) -> Iterator[Batch]:
-        # A callable start is read at each new iterator: Lightning re-iterates the same
-        # loader when an epoch ends (limit_train_batches), and must go on from its step.
-        step = self.start_step() if callable(self.start_step) else self.start_step
-        while True:
-            yield self.batch_of_step(step)
-            step += 1
+
+class _WindowLoader(StepLoader):
+    """The DataModule's loader: the DataModule's own state restores it (its skip set, and
+    a data seed that a resume may change on purpose, as diagnose's replays do)."""
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.next_step = int(state_dict["step"])  # train_dataloader() seeks it anyway
+
+
+def collate_rows(rows: list[Batch]) -> Batch:
+    """One step's rows as a batch: ``x`` and ``y`` (B, T), ``position`` a scalar."""
+    return {
+        "x": torch.stack([row["x"] for row in rows]),
+        "y": torch.stack([row["y"] for row in rows]),
+        "position": rows[0]["position"],
+    }
 
 
 class _ValWindows(Dataset[Batch]):
@@ -359,14 +313,16 @@ def check_ends(trainer: pl.Trainer) -> None:
 class StepDataModule(pl.LightningDataModule):
     """DataModule whose train batch at global step ``k`` is a pure function of (seed, k).
 
-    ``train_dataloader()`` starts at ``trainer.global_step``: Lightning calls it after a
-    checkpoint is restored, so a resumed run continues at exactly the right batch without
-    any sampler state. The skip set is part of the checkpoint (``state_dict``).
+    Its train loader is a ``StepLoader`` over the window rows (``shuffle=False``: position
+    ``p`` is the batch drawn for (seed, ``p``)), which ``train_dataloader()`` seeks to
+    ``trainer.global_step``: Lightning calls it after a checkpoint is restored, so a resumed
+    run continues at exactly the right batch. The skip set and the whole data config are
+    part of the checkpoint (``state_dict``).
 
     Under several processes (DDP), ``DataConfig.batch_size`` stays the global batch: each
-    rank trains on its contiguous share of the same global batch (``StepBatches``), so the
-    data of a step is the same whatever the world size; ``setup`` refuses a batch size
-    that does not divide by the world size. Validation gives each rank every
+    rank trains on its contiguous share of the same global batch, so the data of a step is
+    the same whatever the world size; ``setup`` refuses a batch size that does not divide
+    by the world size. Validation gives each rank every
     ``world_size``-th window, none repeated.
 
     Args:
@@ -380,10 +336,20 @@ class StepDataModule(pl.LightningDataModule):
     def __init__(self, config: DataConfig = DataConfig()) -> None:
         super().__init__()
         self.config = config
-        self.skip = self.config.skip
         self.tokenizer = CharTokenizer()
         self._train_tokens: torch.Tensor | None = None
         self._val_tokens: torch.Tensor | None = None
+        # Not a lambda: ddp_spawn pickles the data module into its worker.
+        rows = _WindowRows(functools.partial(getattr, self, "train_tokens"), config)
+        self.loader = _WindowLoader(
+            rows, config.batch_size, seed=config.seed, shuffle=False, collate_fn=collate_rows
+        )
+        self.loader.skip = config.skip  # normalized by DataConfig; at step 0 any skip is new
+
+    @property
+    def skip(self) -> tuple[int, ...]:
+        """The data positions never trained on (the loader's)."""
+        return self.loader.skip
 
     @override
     def setup(self, stage: str) -> None:
@@ -434,11 +400,11 @@ class StepDataModule(pl.LightningDataModule):
 
     def add_skip(self, positions: Iterable[int]) -> None:
         """Skip more data positions from now on (used by ``lit_spikes.callbacks.BatchSkipper``)."""
-        self.skip = normalize_skip((*self.skip, *positions))
+        self.loader.add_skip(positions)
 
     def position_of_step(self, step: int) -> int:
         """The data position global step ``step`` trains on under the current skip set."""
-        return position_of_step(step, self.skip)
+        return self.loader.position_of_step(step)
 
     @property
     def train_tokens(self) -> torch.Tensor:
@@ -447,11 +413,9 @@ class StepDataModule(pl.LightningDataModule):
         assert self._train_tokens is not None
         return self._train_tokens
 
-    def stream(
-        self, start_step: int | Callable[[], int] = 0, rank: int = 0, world_size: int = 1
-    ) -> StepBatches:
+    def stream(self, start_step: int = 0, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
         """The batches from ``start_step`` on, outside of any Trainer (plain loops, tests)."""
-        return StepBatches(self.train_tokens, self.config, self.skip, start_step, rank, world_size)
+        return self.loader.iter_from(start_step, rank, world_size)
 
     @override
     def transfer_batch_to_device(
@@ -466,17 +430,14 @@ class StepDataModule(pl.LightningDataModule):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     @override
-    def train_dataloader(self) -> StepBatches:
+    def train_dataloader(self) -> StepLoader:
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("train_dataloader() needs a Trainer; use stream(step) outside one")
         check_ends(trainer)  # a fit's own settings, before its first step
-        start = lambda: trainer.global_step  # noqa: E731 (read when iteration (re)starts)
-        # The stream itself, not a DataLoader around it: it yields whole batches of CPU
-        # tensors already, so a DataLoader had nothing to do at every step but its own
-        # bookkeeping (about 0.08 ms). It also never draws from the global torch RNG,
-        # whose state belongs to the model (dropout) and is restored from the checkpoint.
-        return self.stream(start, trainer.global_rank, trainer.world_size)
+        # Lightning asks for it after restoring a checkpoint: the restored step is known.
+        self.loader.seek(trainer.global_step)
+        return self.loader
 
     @override
     def val_dataloader(self) -> DataLoader[Batch]:
@@ -523,25 +484,16 @@ class StepDataModule(pl.LightningDataModule):
             warnings.warn(
                 f"the checkpoint was trained with data seed {saved_seed}, this run uses "
                 f"{self.config.seed}: from here on it sees other data than the original run",
-                stacklevel=2,
+                stacklevel=outside_lightning(),  # the fit call, not Lightning's hook call
             )
         differ = data_config_differences(state_dict.get("config"), self.config)
         if differ:
             warnings.warn(
                 f"the checkpoint was trained with another data config ({'; '.join(differ)}): "
                 "from here on the batches are not those of the original run",
-                stacklevel=2,
+                stacklevel=outside_lightning(),
             )
         saved = normalize_skip(state_dict["skip"])
         step = int(state_dict["step"])  # the trainer's own step is restored only later
-        # Positions the checkpoint's own run already passed must not change, or the
-        # restored steps would map to other data than they were trained on.
-        passed = position_of_step(step, saved)
-        added = sorted(set(self.skip) - set(saved))
-        early = added[: bisect.bisect_left(added, passed)]
-        if early:
-            raise ValueError(
-                f"skip positions {early} lie before data position {passed}, where the "
-                f"checkpoint resumes: they were already trained on; skip positions >= {passed}"
-            )
-        self.skip = normalize_skip((*saved, *self.skip))
+        check_new_skips(saved, self.skip, step)
+        self.loader.skip = normalize_skip((*saved, *self.skip))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import math
 import random
 import warnings
@@ -13,20 +12,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import numpy as np
 import torch
 import torchmetrics
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
+from lit_spikes.callbacks.exact_resume import ExactResume
 from lit_spikes.checkpoints import CheckpointError
 from lit_spikes.data import Batch, StepDataModule, config_differences
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
-from lit_spikes.tb import TensorBoardStepLogger
 
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
@@ -34,6 +33,7 @@ DEFAULT_MODEL_SEED = 1
 LOGGED_AS = {"loss": "train/loss", "max_logit": "train/max_logit", "position": "data/position"}
 """TensorBoard tag of each per-step record key (the others are logged under their own)."""
 STEP_SCALARS = ("loss", "max_logit", "lr", "grad_norm", "position")
+"""The per-step ``history`` keys the module logs at every step, as ``LOGGED_AS`` tags them."""
 
 CHECKPOINT_KEY = "lit_spikes"
 """Top-level key of the checkpoint entry this project adds (RNG states, fingerprint)."""
@@ -117,34 +117,6 @@ def set_flush_denormal(enabled: bool) -> None:
         )
 
 
-def flush_denormal_enabled() -> bool:
-    """Whether this thread flushes subnormal floats: the smallest normal float32 halved
-    is subnormal, and comes out as zero when they are flushed."""
-    tiny = torch.tensor(torch.finfo(torch.float32).tiny, dtype=torch.float32)
-    return bool((tiny / 2) == 0)
-
-
-def collect_rng_states() -> dict[str, Any]:
-    """torch, Python and NumPy RNG states in plain types (``torch.load(weights_only=True)``)."""
-    version, internal, gauss = random.getstate()
-    state = np.random.get_state(legacy=True)
-    assert isinstance(state, tuple)  # legacy=True: (kind, keys, pos, has_gauss, cached)
-    kind, keys, pos, has_gauss, cached = state
-    return {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-    }
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-
-
 def seed_rngs(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
@@ -176,13 +148,12 @@ class BitsPerChar(torchmetrics.Metric):
 class TinyGPTModule(pl.LightningModule):
     """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
 
-    Logs ``train/loss``, ``train/max_logit``, ``lr``, ``grad_norm`` (before any clipping)
-    and ``data/position`` at the steps the Trainer's ``log_every_n_steps`` says (every
-    step in this project's runs), in one ``log_metrics`` call per step to each logger;
-    ``val/bpc`` whenever the Trainer validates. ``train/loss`` also goes through
-    ``self.log`` (to the progress bar and ``trainer.callback_metrics``) when a progress bar
-    or a callback monitoring it is there: not otherwise, as it costs 0.6 ms a step. Each
-    step is also appended to ``history`` (plain floats) for scripts and tests.
+    Logs ``train/loss`` (also on the progress bar), ``train/max_logit``, ``lr``,
+    ``data/position`` and ``grad_norm`` (before any clipping) with ``self.log`` at every
+    step (``on_step=True, on_epoch=False``: what reaches the loggers follows the Trainer's
+    ``log_every_n_steps``, every step in this project's runs), and ``val/bpc`` whenever the
+    Trainer validates. Each step is also appended to ``history`` (plain floats) for
+    scripts and tests.
 
     The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
     (Lightning saves none) of every rank (``rng_by_rank`` under several processes, where
@@ -243,24 +214,10 @@ class TinyGPTModule(pl.LightningModule):
         self.model = build_model(self.model_config, model_seed)
         self.val_bpc = BitsPerChar()
         self.history: list[dict[str, float]] = []
-        self._pending_rng: dict[str, Any] | None = None
-        self._reseed = False
         self._restored_for_fit = False
         """Whether the fit now starting restored a checkpoint (its on_load_checkpoint ran)."""
-        self._loss_through_lightning = True
         self.nonfinite_steps: list[int] = []
         """Steps whose loss or gradient was NaN/inf: their update was not applied."""
-
-    @override
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The Trainer sets _current_fx_name (a str or None) before and after every hook
-        # call, about 46 times a step. nn.Module.__setattr__ checks each value against
-        # parameters, buffers and submodules first (1.45 us a call, 0.25 us this way);
-        # the name is none of those, so storing it directly is what it would do.
-        if name == "_current_fx_name" and (value is None or type(value) is str):
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     @override
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
@@ -284,13 +241,14 @@ class TinyGPTModule(pl.LightningModule):
             destroy_process_group_at_exit()
 
     @override
+    def configure_callbacks(self) -> list[Callback]:
+        # RNG states (dropout), the fingerprint and unrounded float64 weights: what a
+        # bit-exact resume needs beyond Lightning's checkpoint, as for any module.
+        return [ExactResume()]
+
+    @override
     def on_train_start(self) -> None:
-        trainer = self.trainer
-        callbacks: list[Any] = getattr(trainer, "callbacks", [])
-        self._loss_through_lightning = trainer.progress_bar_callback is not None or any(
-            getattr(cb, "monitor", None) == "train/loss" for cb in callbacks
-        )
-        # After the train loader's iterator exists and after any checkpoint restore.
+        # After any checkpoint restore (ExactResume has put back the RNG states).
         if not self._restored_for_fit:
             if self.global_step > 0:
                 raise RuntimeError(
@@ -300,51 +258,28 @@ class TinyGPTModule(pl.LightningModule):
                     "Trainer and fit(..., ckpt_path=<the checkpoint of that step>)"
                 )
             # A new run, from weights loaded by load_from_checkpoint or of an earlier fit
-            # of this module: the RNG states and skipped steps read with them are not its
-            # own; it starts from train_seed like any run at step 0.
-            self._pending_rng, self.nonfinite_steps = None, []
-        pending, self._pending_rng = self._pending_rng, None
-        if pending is not None:
-            set_rng_states(pending)
-        elif self.global_step == 0 or self._reseed:
-            # Each rank its own stream (dropout masks differ across ranks), at step 0 and
-            # for a rank the checkpoint holds no RNG state of (another world size).
+            # of this module: the skipped steps read with them are not its own.
+            self.nonfinite_steps = []
+        if self.global_step == 0:
+            # Each rank its own stream (dropout masks differ across ranks).
             seed_rngs(self.train_seed + self.global_rank)
-        self._reseed = False
-
-    def discard_pending_rng(self) -> None:
-        """Forget the RNG states read from a checkpoint (an ablation: see ``ForgetRNGState``)."""
-        self._pending_rng = None
 
     @override
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        step = int(batch["step"])
-        if step != self.global_step:
-            raise RuntimeError(
-                f"the train loader delivered the batch of step {step} at global step "
-                f"{self.global_step}: the data is out of step with the optimizer"
-            )
         out = self.model(batch["x"], batch["y"])
         assert out.loss is not None
         self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
         # The loss's Python float, kept by _record: torch.isfinite on it cost 0.05 ms.
         finite = math.isfinite(self.history[-1]["loss"])
+        everywhere = finite
         if self.trainer.world_size > 1:
             # Under DDP every rank must skip the same steps: one rank's NaN skips them all.
             everywhere = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-            if not everywhere:
-                self._skip_update("loss" if not finite else "loss on another rank")
-                # Lightning refuses a None from training_step under DDP, and every rank
-                # must run backward for the gradient all-reduce: a zero loss on the graph
-                # gives zero gradients, which on_before_optimizer_step then drops.
-                zero: torch.Tensor = torch.stack([p.sum() for p in self.parameters()]).sum() * 0.0
-                return zero
-        elif not finite:
-            # Returning None makes Lightning skip backward and leave every gradient None,
-            # so AdamW changes nothing (no decay, no moments); the step counter and the
-            # schedule go on, as for any step.
-            self._skip_update("loss")
-            return None  # type: ignore[return-value]
+        if not everywhere:
+            self._skip_update("loss" if not finite else "loss on another rank")
+        # Backward runs even so (DDP's gradient all-reduce needs every rank), and the
+        # callbacks see the step's real loss; on_before_optimizer_step drops the gradients
+        # of a skipped step, so AdamW changes nothing (no decay, no moments).
         loss: torch.Tensor = out.loss
         return loss
 
@@ -359,11 +294,11 @@ class TinyGPTModule(pl.LightningModule):
 
     def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: int) -> None:
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-        # Each self.log call costs about 0.6 ms, 2% of a step here: the per-step scalars
-        # go to the loggers in one call at the batch's end, and the loss goes through
-        # self.log only where someone reads it there (a progress bar, a monitor).
-        if self._loss_through_lightning:
-            self.log("train/loss", loss, prog_bar=True, logger=False)
+        # Here, not at the batch's end: callbacks (a monitor, the progress bar) read
+        # callback_metrics in their on_train_batch_end, which runs before the module's.
+        self.log(LOGGED_AS["loss"], loss, on_step=True, on_epoch=False, prog_bar=True)
+        for key, value in (("max_logit", max_logit), ("lr", lr), ("position", position)):
+            self.log(LOGGED_AS.get(key, key), value, on_step=True, on_epoch=False)
         self.history.append(
             {
                 "step": self.global_step,
@@ -375,20 +310,9 @@ class TinyGPTModule(pl.LightningModule):
         )
 
     @override
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        # The logger's helper thread builds and writes the last steps' events during this
-        # backward pass. Not for free: backward takes the GIL to free tensors, so it waits
-        # about as long as the helper works (0.07 ms per step's event, measured).
-        for logger in self.loggers:
-            if isinstance(logger, TensorBoardStepLogger):
-                logger.hand_over()
-
-    @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.global_step in self.nonfinite_steps:
-            # A skipped loss: no gradient (one process) or the zeros every rank needed for
-            # DDP's all-reduce, which must not reach AdamW either. No norm is recorded: a
-            # 0 would enter the spike detector's and SkipStep's reference windows.
+            # A skipped loss: its gradients must not reach AdamW. No norm is recorded.
             for parameter in self.parameters():
                 parameter.grad = None
             return
@@ -408,16 +332,11 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # The norm is known after backward, and a skipped update (SkipStep, a non-finite
+        # loss) records it or none: the step's record says which.
         record = self.history[-1]
-        step = int(record["step"])
-        every: int = getattr(self.trainer, "log_every_n_steps", 1)  # set on it, untyped
-        # Lightning's rule for what self.log sends: none at 0, else every n-th step and
-        # the one a callback stopped at
-        if not every or ((step + 1) % every and not self.trainer.should_stop):
-            return
-        metrics = {LOGGED_AS.get(k, k): float(record[k]) for k in STEP_SCALARS if k in record}
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
+        if "grad_norm" in record:
+            self.log("grad_norm", record["grad_norm"], on_step=True, on_epoch=False)
 
     @override
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -434,32 +353,12 @@ class TinyGPTModule(pl.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What decides the numerics of a step, beyond the checkpointed state."""
-        trainer = self._trainer
-        world_size = trainer.world_size if trainer is not None else 1
-        return {
-            **software_fingerprint(),
-            "num_threads": torch.get_num_threads(),
-            "flush_denormal": flush_denormal_enabled(),
-            "world_size": world_size,
-            "precision": str(trainer.precision) if trainer is not None else "32-true",
-            "gradient_clip": gradient_clipping(trainer),
-            "model": asdict(self.model_config),
-        }
-
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        rng = collect_rng_states()
         checkpoint[CHECKPOINT_KEY] = {
-            "rng": rng,
-            "fingerprint": self.fingerprint(),
+            "model": asdict(self.model_config),
             "nonfinite_steps": list(self.nonfinite_steps),
         }
-        if self._trainer is not None and self.trainer.world_size > 1:
-            # Every rank draws its own dropout masks, but only rank 0 writes the file: each
-            # rank's RNG states go in, by rank (every rank runs this hook: a collective).
-            checkpoint[CHECKPOINT_KEY]["rng_by_rank"] = gather_objects(rng)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -476,21 +375,14 @@ class TinyGPTModule(pl.LightningModule):
         entry = checkpoint.get(CHECKPOINT_KEY)
         if entry is None:
             raise ValueError(
-                "this checkpoint has no 'lit_spikes' entry (RNG states, fingerprint): it was "
-                "not written by TinyGPTModule, so it cannot be resumed bit-exactly"
+                "this checkpoint has no 'lit_spikes' entry (model config, skipped steps): it "
+                "was not written by TinyGPTModule, so it cannot be resumed here"
             )
-        saved = entry["fingerprint"]
-        check_model_config(saved["model"], asdict(self.model_config))
+        check_model_config(entry["model"], asdict(self.model_config))
         saved_optim = checkpoint.get("hyper_parameters", {}).get("optim")
         if fitting and saved_optim is not None:  # weights alone need no optimizer config
             # load_from_checkpoint merges its keyword arguments in: an OptimConfig here
             check_optim_config(asdict(_as(OptimConfig, saved_optim)), asdict(self.optim_config))
-        current = self.state_dict()
-        # Buffers derived from the config (the causal mask) that older files still hold:
-        # the model drops them as it loads (its load_state_dict pre-hook).
-        derived = {name for name, _ in self.named_buffers()} - current.keys()
-        saved_state = {k: v for k, v in checkpoint["state_dict"].items() if k not in derived}
-        check_state_shapes(saved_state, current)
         for key, label in (("optimizer_states", "optimizers"), ("lr_schedulers", "schedulers")):
             count = len(checkpoint.get(key, []))
             if fitting and count != 1:
@@ -502,60 +394,6 @@ class TinyGPTModule(pl.LightningModule):
             return  # the weights are all that validate, test or a new run take from it
         self._restored_for_fit = True
         self.nonfinite_steps = list(entry.get("nonfinite_steps", []))
-        here = self.fingerprint()
-        # setup() applies both before training
-        here["num_threads"], here["flush_denormal"] = self.num_threads, self.flush_denormal
-        # Files from before a key existed: trained without flushing; the others unknown.
-        unknown = {key: here[key] for key in ("cpu", "precision", "gradient_clip")}
-        saved = {"flush_denormal": False} | unknown | saved
-        keys = ("torch", "lightning", "num_threads", "flush_denormal", "cpu", "world_size")
-        differ = [
-            f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}"
-            for key in (*keys, "precision")
-            if saved.get(key) != here[key]
-        ]
-        # Clipping added where the checkpoint's run had none is the clipping remedy (the
-        # demos' and recover's); clipping dropped or changed is another run.
-        if saved["gradient_clip"] != here["gradient_clip"] and saved["gradient_clip"]:
-            differ.append(
-                f"gradient clipping: checkpoint {saved['gradient_clip']!r}, "
-                f"now {here['gradient_clip']!r}"
-            )
-        if differ:
-            warnings.warn(
-                "resuming under a different setup than the checkpoint was written in ("
-                + "; ".join(differ)
-                + "): the resumed run is not guaranteed to be bit-exact",
-                stacklevel=2,
-            )
-        self._pending_rng, self._reseed = self._rank_rng(entry), False
-        if self._pending_rng is None:
-            self._reseed = True
-            warnings.warn(
-                f"the checkpoint holds no RNG state for rank {self.global_rank} (it was written "
-                f"by {len(entry.get('rng_by_rank') or [entry['rng']])} process(es)): this rank "
-                f"reseeds its RNGs with train_seed + rank = {self.train_seed + self.global_rank}, "
-                "so its dropout masks are not those of any earlier run",
-                stacklevel=2,
-            )
-
-    def _rank_rng(self, entry: dict[str, Any]) -> dict[str, Any] | None:
-        """This rank's RNG states in a checkpoint entry (None: the checkpoint has none).
-
-        A checkpoint of a multi-process run holds ``rng_by_rank``; one of a single process
-        holds only ``rng``, which is rank 0's.
-        """
-        states = entry.get("rng_by_rank") or [entry["rng"]]
-        rank = self.global_rank
-        return states[rank] if rank < len(states) else None
-
-
-# Lightning reads training_step's signature at every step (does it take batch_idx?), and
-# inspect rebuilds it from the code object each time, about 0.04 ms in the loop. A
-# function's ``__signature__`` is what inspect returns first: the same signature, kept.
-setattr(  # noqa: B010 (mypy knows no __signature__ on a function)
-    TinyGPTModule.training_step, "__signature__", inspect.signature(TinyGPTModule.training_step)
-)
 
 
 def destroy_process_group() -> None:
@@ -573,46 +411,6 @@ def destroy_process_group() -> None:
 def destroy_process_group_at_exit() -> None:
     """Call ``destroy_process_group`` when the interpreter exits (registered once)."""
     atexit.register(destroy_process_group)
-
-
-def gather_objects(value: Any) -> list[Any]:
-    """``value`` of every rank, by rank (a collective: every rank must call it)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [value]
-    gathered: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, value)
-    return gathered
-
-
-def software_fingerprint() -> dict[str, str]:
-    """The versions and CPU kernels a step's numerics depend on, in this process."""
-    return {
-        "torch": str(torch.__version__),
-        "lightning": str(lightning.__version__),
-        # The SIMD kernels torch picked (AVX2, AVX512, ...): they round differently, so
-        # the same run on another CPU family is another (equally exact) trajectory.
-        "cpu": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def gradient_clipping(trainer: pl.Trainer | None) -> dict[str, Any] | None:
-    """The Trainer's gradient clipping as a checkpoint records it: None for none (no
-    ``gradient_clip_val``, or 0), else its value and algorithm (Lightning's default: norm)."""
-    value = getattr(trainer, "gradient_clip_val", None) if trainer is not None else None
-    if not value:
-        return None
-    algorithm = getattr(trainer, "gradient_clip_algorithm", None)
-    return {"value": float(value), "algorithm": str(getattr(algorithm, "value", "norm"))}
-
-
-def clipping_from_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer arguments of the gradient clipping a checkpoint's run trained with
-    (``gradient_clipping`` as its fingerprint records it): ``{}`` for none, and for files
-    from before the fingerprint recorded it."""
-    clip = checkpoint.get(CHECKPOINT_KEY, {}).get("fingerprint", {}).get("gradient_clip")
-    if not clip:
-        return {}
-    return {"gradient_clip_val": clip["value"], "gradient_clip_algorithm": clip["algorithm"]}
 
 
 def check_training_setup(
@@ -685,19 +483,6 @@ def check_optim_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
         "resume point on, add an LRScaler callback"
     )
     _refuse_differences(saved, current, "optimizer config", advice)
-
-
-def check_state_shapes(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor]) -> None:
-    """Raises ``ValueError`` listing missing, unexpected and reshaped tensors."""
-    problems = [f"missing {k}" for k in sorted(set(current) - set(saved))]
-    problems += [f"unexpected {k}" for k in sorted(set(saved) - set(current))]
-    problems += [
-        f"{k}: checkpoint {tuple(saved[k].shape)}, now {tuple(current[k].shape)}"
-        for k in sorted(set(saved) & set(current))
-        if saved[k].shape != current[k].shape
-    ]
-    if problems:
-        raise ValueError("the checkpoint's weights do not fit this model: " + "; ".join(problems))
 
 
 def _as(cls: type, value: Any) -> Any:

@@ -108,8 +108,6 @@ def test_config_trains_through_the_cli(path: Path, tmp_path: Path) -> None:
                 expected = tuple(p for start, end in value for p in range(start, end))
                 assert matching[0].skip == expected
                 assert cli.datamodule.skip == expected  # fed to the DataModule in setup
-            elif name == "metrics":
-                assert matching[0].metrics == tuple(value)
             else:
                 assert getattr(matching[0], name) == value, name
     assert trainer.gradient_clip_val == raw["trainer"].get("gradient_clip_val")

@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from lit_spikes.callbacks import BatchSkipper, LRScaler, SpikeDetector
+from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.training import RunSpec, checkpoint_path
@@ -235,29 +236,51 @@ class _Strategy:
     root_device = torch.device("meta")  # not the CPU: a tensor made there would show
 
     def __init__(self, gathered: torch.Tensor) -> None:
-        self.gathered = gathered
+        self.gathered, self.calls = gathered, 0
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         # NCCL gathers only tensors on the strategy's device (the GPU).
         assert tensor.device == self.root_device, tensor.device
+        self.calls += 1
         return self.gathered
 
 
-def test_spike_detector_judges_the_values_of_all_ranks() -> None:
-    """Mean loss, largest max_logit (NaN wins), grad_norm only from ranks that recorded it."""
-    detector = SpikeDetector(metrics=("loss", "max_logit", "grad_norm"), warmup=0)
+class _Trainer:
+    """What the watching callbacks read of a Trainer under 2 processes."""
+
+    world_size, global_step = 2, 5
+
+    def __init__(self, strategy: _Strategy, callbacks: list[Any]) -> None:
+        self.strategy, self.callbacks = strategy, callbacks
+        self.callback_metrics = {"train/max_logit": torch.tensor(5.0)}
+
+
+def test_every_watched_value_of_every_callback_is_gathered_once_a_step() -> None:
+    """One all_gather a step for all watchers' names; mean, largest (NaN wins), and a
+    value only from the ranks that had one."""
+    from lit_spikes.callbacks import SkipStep
+    from lit_spikes.callbacks._watch import note_loss, rank_values, reduce_ranks
+
+    detector = SpikeDetector(monitor=["loss", "train/max_logit"], warmup=0, reduce="max")
+    skip = SkipStep(monitor="grad_norm")
     nan = math.nan
+    # names gathered in the order of the callbacks: loss, train/max_logit, grad_norm
     gathered = torch.tensor(
         [[[4.0, 5.0, nan], [1.0, 1.0, 0.0]], [[2.0, nan, 3.0], [1.0, 1.0, 1.0]]],
         dtype=torch.float64,
     )
-    trainer = SimpleNamespace(world_size=2, strategy=_Strategy(gathered))
-    values, per_rank = detector.global_values(trainer, {"loss": 4.0})  # type: ignore[arg-type]
-    assert values["loss"] == 3.0 and values["grad_norm"] == 3.0
-    assert math.isnan(values["max_logit"])
-    assert per_rank is not None and per_rank["loss"] == [4.0, 2.0]
-    one = SimpleNamespace(world_size=1, strategy=None)  # one process: nothing gathered
-    assert detector.global_values(one, {"loss": 4.0, "lr": 0.1}) == ({"loss": 4.0}, None)  # type: ignore[arg-type]
+    strategy = _Strategy(gathered)
+    trainer: Any = _Trainer(strategy, [detector, skip])
+    note_loss(trainer, torch.tensor(4.0))
+    first = rank_values(trainer, 5, ["grad_norm"])
+    later = rank_values(trainer, 5, ["loss", "train/max_logit"])
+    assert strategy.calls == 1
+    assert first == {"grad_norm": [None, 3.0]}
+    assert later["loss"] == [4.0, 2.0] and later["train/max_logit"][0] == 5.0
+    assert math.isnan(later["train/max_logit"][1])
+    assert reduce_ranks(later["loss"], "mean") == 3.0
+    assert math.isnan(reduce_ranks(later["train/max_logit"], "max"))
+    assert reduce_ranks(first["grad_norm"], "mean") == 3.0
 
 
 # ------------------------------------------------------------------ 2 DDP processes each
@@ -293,7 +316,7 @@ def test_ddp_resume_is_bit_exact(
         assert all(res[s] == ref[s] for s in res), f"rank {rank}"
     # the ranks trained on different rows, and each restored its own RNG state
     assert losses(uninterrupted[0])[K] != losses(uninterrupted[1])[K]
-    entry = load_ckpt(checkpoint_path(root / "reference", K))["lit_spikes"]
+    entry = load_ckpt(checkpoint_path(root / "reference", K))["callbacks"][STATE_KEY]
     assert entry["fingerprint"]["world_size"] == WORLD
     assert len(entry["rng_by_rank"]) == WORLD
     assert not torch.equal(entry["rng_by_rank"][0]["torch"], entry["rng_by_rank"][1]["torch"])
@@ -332,7 +355,8 @@ def test_ddp_resume_with_rank_0_rng_on_every_rank_is_not_exact(
     written by rank 0 alone holds), rank 1 draws other dropout masks from step K on."""
     root, uninterrupted = reference
     checkpoint = load_ckpt(checkpoint_path(root / "reference", K))
-    checkpoint["lit_spikes"]["rng_by_rank"][1] = checkpoint["lit_spikes"]["rng_by_rank"][0]
+    states = checkpoint["callbacks"][STATE_KEY]["rng_by_rank"]
+    states[1] = states[0]
     torch.save(checkpoint, tmp_path / f"step={K}.ckpt")
     resumed = run_ddp(
         tmp_path,

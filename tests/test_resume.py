@@ -14,6 +14,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.ablations import ForgetOptimizerState, ForgetRNGState
+from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.data import StepDataModule
 from lit_spikes.training import RunSpec, checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, fit, load_ckpt
@@ -316,8 +317,8 @@ def test_fingerprint_difference_warns(tmp_path: Path, key: str, saved: object) -
     reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     checkpoint = load_ckpt(ckpt)
-    now = checkpoint["lit_spikes"]["fingerprint"][key]
-    checkpoint["lit_spikes"]["fingerprint"][key] = saved
+    fingerprint = checkpoint["callbacks"][STATE_KEY]["fingerprint"]
+    now, fingerprint[key] = fingerprint[key], saved
     torch.save(checkpoint, tmp_path / "edited.ckpt")
     match = rf"{key}: checkpoint {saved!r}, now {now!r}.*not guaranteed"
     with pytest.warns(UserWarning, match=match):
@@ -328,7 +329,8 @@ def test_fingerprint_difference_warns(tmp_path: Path, key: str, saved: object) -
 def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
     """The module's ``flush_denormal`` is what the training thread does, and what its
     checkpoints record."""
-    from lit_spikes.module import TinyGPTModule, flush_denormal_enabled, set_flush_denormal
+    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+    from lit_spikes.module import TinyGPTModule, set_flush_denormal
 
     seen: list[bool] = []
 
@@ -347,12 +349,13 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
         set_flush_denormal(before)
     assert seen == [flush] * 3
     saved = load_ckpt(checkpoint_path(spec.run_dir, 3))
-    assert saved["lit_spikes"]["fingerprint"]["flush_denormal"] is flush
+    assert saved["callbacks"][STATE_KEY]["fingerprint"]["flush_denormal"] is flush
     assert saved["hyper_parameters"]["flush_denormal"] is flush
 
 
 def test_flush_denormal_enabled_reads_the_thread_state() -> None:
-    from lit_spikes.module import flush_denormal_enabled, set_flush_denormal
+    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+    from lit_spikes.module import set_flush_denormal
 
     before = flush_denormal_enabled()
     try:
@@ -371,3 +374,27 @@ def test_skip_before_resume_point_is_refused(tmp_path: Path) -> None:
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     with pytest.raises(ValueError, match=r"skip positions \[4\] lie before data position 10"):
         fit(tmp_path, "bad", N, ckpt_path=ckpt, data=replace(TINY_DATA, skip=(4, 12)))
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-mixed", "bf16-true"])
+def test_the_default_model_resumes_bit_exactly_in_every_cpu_precision(
+    tmp_path: Path, precision: str
+) -> None:
+    """A 64-true resume rounded the restored float64 weights to float32: Lightning loads
+    them before its precision plugin converts the module (159 of 212 tensors differed)."""
+    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY, precision=precision)
+    resumed = fit(
+        tmp_path,
+        "resumed",
+        N,
+        ckpt_path=checkpoint_path(reference.spec.run_dir, K),
+        checkpoint_every=EVERY,
+        precision=precision,
+    )
+    final = load_ckpt(checkpoint_path(resumed.spec.run_dir, N))
+    assert_states_equal(load_ckpt(checkpoint_path(reference.spec.run_dir, N)), final)
+    assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
+    if precision == "64-true":
+        assert all(
+            v.dtype == torch.float64 for v in final["state_dict"].values() if v.is_floating_point()
+        )
