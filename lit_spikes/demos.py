@@ -289,8 +289,10 @@ def _compare(value: float, reference: float) -> str:
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A GitHub/TensorBoard markdown table, first column left-aligned, the rest right."""
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    # A "|" in a cell (the header's "max |param - reference|") would end it: escaped.
+    cells = [header, *rows]
+    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells]
+    lines.insert(1, "|---" + "|---:" * (len(header) - 1) + "|")
     return "\n".join(lines)
 
 

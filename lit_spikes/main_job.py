@@ -26,7 +26,6 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
-from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.branches import (
     BranchInterrupted,
     BranchResult,
@@ -34,6 +33,7 @@ from lit_spikes.branches import (
     WorkerDied,
     run_branch,
 )
+from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.demos import (
     DEMO_BRANCHES,
     REFERENCE,
@@ -76,14 +76,21 @@ class MainJobResult:
     """Every run by name, the reference included."""
 
 
-def mirror_reference_logs(setup: DemoSetup) -> None:
-    """Demo 2's 'do nothing' row is the reference run: copy its TensorBoard events (not
-    its checkpoints) to ``demo2/reference`` so ``--logdir runs/demo2`` overlays all rows."""
-    source, target = setup.log_root / REFERENCE, setup.log_root / "demo2" / "reference"
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for events in source.glob("events.out.tfevents.*"):
-        shutil.copy2(events, target / events.name)
+REFERENCE_NOTE = (
+    f"The *do nothing (reference)* row is the run `{REFERENCE}`, logged once: "
+    "`--logdir` on the log root overlays it with these rows."
+)
+"""Below demo 2's table in TensorBoard: where its first row's curves are."""
+
+
+def tensorboard_command(log_root: Path) -> str:
+    """How to open TensorBoard on ``log_root`` from here: ``make tensorboard`` for the
+    Makefile's ``runs``, and the ``tensorboard`` beside this Python (a venv's, which is
+    not on the PATH unless activated)."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    program = os.path.relpath(beside) if beside.exists() else "tensorboard"
+    command = f"{program} --logdir {log_root}"
+    return f"make tensorboard (or {command})" if log_root == Path("runs") else command
 
 
 NOT_EMPTY = (ENOTEMPTY, EEXIST)
@@ -298,7 +305,6 @@ def _run_main_job(
         demo2 = demo2_report(setup, plan, reference, results)
         ledger = demo2_ledger(setup, plan, results)
     if leader:
-        mirror_reference_logs(setup)
         if demo1 is not None:
             print_demo1(setup, demo1, console)
             table = markdown_table(*demo1_columns(setup, demo1))
@@ -306,7 +312,7 @@ def _run_main_job(
         if demo2 is not None and ledger is not None:
             write_ledger(setup, ledger)
             table = markdown_table(*demo2_columns(setup, demo2))
-            write_summary(setup.log_root / "demo2", {"demo2/table": table})
+            write_summary(setup.log_root / "demo2", {"demo2/table": f"{table}\n\n{REFERENCE_NOTE}"})
             if 2 in demos:
                 print_demo2(setup, demo2, console)
         if 3 in demos:
@@ -314,7 +320,7 @@ def _run_main_job(
         for figure in write_figures(setup, plan, reference, results, demos):
             console.print(f"Figure: {figure}")
     wall = time.perf_counter() - start
-    console.print(f"\nWall time: {wall:.1f} s. TensorBoard: tensorboard --logdir {setup.log_root}")
+    console.print(f"\nWall time: {wall:.1f} s. TensorBoard: {tensorboard_command(setup.log_root)}")
     if no_spike is not None:
         raise no_spike  # after demo 1's table and figure: that demo needs no spike
     return MainJobResult(reference, demo1, demo2, ledger, wall, train, results)
@@ -397,13 +403,15 @@ def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> N
     parser.add_argument(
         "--figures-dir",
         type=Path,
-        default=Path("docs/figures"),
-        help="also write the comparison PNGs here (the README shows these)",
+        help="also write the comparison PNGs here (make figures: docs/figures, which the "
+        "README shows); they are always written as <log-root>/demo<n>/comparison.png",
     )
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers={args.workers} must be >= 1")
     for flag, path in (("--log-root", args.log_root), ("--figures-dir", args.figures_dir)):
+        if path is None:
+            continue
         problem = unwritable_directory(path)  # now, not after the whole training
         if problem is not None:
             parser.error(f"{flag} {path} {problem}")

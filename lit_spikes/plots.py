@@ -21,9 +21,11 @@ REQUIRED_KEYS = ("step", "loss", "max_logit")
 """Keys every per-step record must have (``TinyGPTModule.history`` records have them)."""
 
 Record = Mapping[str, float]
+Series = tuple[list[float], list[float], list[float]]
+"""Steps, losses and max logits of one row."""
 
 
-def _series(label: str, records: Sequence[Record]) -> tuple[list[float], list[float], list[float]]:
+def _series(label: str, records: Sequence[Record]) -> Series:
     """Steps, losses and max logits of one row, sorted by step, checked on the way."""
     if not records:
         raise ValueError(f"row {label!r} has no records: nothing to plot")
@@ -52,9 +54,12 @@ def plot_comparison(
     """Write a PNG comparing runs: training loss (top) and max attention logit (bottom).
 
     One line per row in both panels, on a shared step axis, so branches resumed from a
-    checkpoint overlay the run they branched from. The checkpoint step is a vertical
-    dashed line and the spike window a shaded band in both panels; the legend names the
-    rows and those marks. The figure is always ``FIGSIZE`` at ``DPI`` (1000 x 700 pixels).
+    checkpoint overlay the run they branched from. The first row (the reference) is a
+    thick light line under the others; a row equal to it at every step it has (an exact
+    resume) is thin and dashed, so that the reference shows through it. The checkpoint
+    step is a vertical dashed line and the spike window a shaded band in both panels; the
+    legend names the rows and those marks. The figure is always ``FIGSIZE`` at ``DPI``
+    (1000 x 700 pixels).
 
     Args:
         results: row label -> per-step records, each a mapping with at least ``"step"``,
@@ -90,12 +95,14 @@ def plot_comparison(
         if end < start:
             raise ValueError(f"spike_window={spike_window!r}: the end must not be before the start")
 
+    styles = line_styles(series)
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     loss_ax, logit_ax = figure.subplots(2, 1, sharex=True)
     for label, (steps, losses, logits) in series.items():
-        (line,) = loss_ax.plot(steps, losses, linewidth=1.2, label=label)
-        logit_ax.plot(steps, logits, linewidth=1.2, color=line.get_color(), label=label)
+        style = styles[label]
+        (line,) = loss_ax.plot(steps, losses, label=label, **style)
+        logit_ax.plot(steps, logits, color=line.get_color(), label=label, **style)
 
     for ax in (loss_ax, logit_ax):
         if spike_window is not None:
@@ -126,6 +133,27 @@ def plot_comparison(
     return path
 
 
-def _any_positive(series: Mapping[str, tuple[list[float], list[float], list[float]]]) -> bool:
+def line_styles(series: Mapping[str, Series]) -> dict[str, dict[str, float | str]]:
+    """matplotlib line settings per row: the first (the reference) thick and light,
+    underneath; the others thin on top, dashed where equal to it at each of their steps
+    (``==``: an exact resume), so that "identical" reads as identical."""
+    rows = list(series.items())
+    if not rows:
+        return {}
+    (first, reference), others = rows[0], rows[1:]
+    by_step = {step: (loss, logit) for step, loss, logit in zip(*reference, strict=True)}
+    styles: dict[str, dict[str, float | str]] = {
+        first: {"linewidth": 5.0, "alpha": 0.35, "solid_capstyle": "butt", "zorder": 2}
+    }
+    for label, (steps, losses, logits) in others:
+        same = all(
+            by_step.get(step) == (loss, logit)
+            for step, loss, logit in zip(steps, losses, logits, strict=True)
+        )
+        styles[label] = {"linewidth": 1.2, "linestyle": "--" if same else "-", "zorder": 3}
+    return styles
+
+
+def _any_positive(series: Mapping[str, Series]) -> bool:
     """Whether any max logit can be drawn on a log scale."""
     return any(v > 0 and math.isfinite(v) for _, _, logits in series.values() for v in logits)

@@ -104,6 +104,11 @@ def fit(
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        if ckpt_path is not None and Path(ckpt_path).parent.parent != spec.run_dir:
+            # A branch: Lightning says that its checkpoints go elsewhere than the run's it
+            # resumes, and asks for that run's callbacks, as for every branch of the demos.
+            for message in (".*The dirpath has changed from.*", ".*callbacks used to create"):
+                warnings.filterwarnings("ignore", message=message, category=UserWarning)
         trainer = spec.trainer()
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return Run(module, datamodule, spec, trainer)
@@ -233,7 +238,8 @@ def directory_holder() -> Iterator[Callable[[Path], Any]]:
 
 def lock_probe(directory: Path) -> str:
     """What another process gets when it tries to lock ``directory``."""
-    code = f"from lit_spikes.callbacks import RunDirectoryLock; RunDirectoryLock({str(directory)!r}).acquire()"
+    code = "from lit_spikes.callbacks import RunDirectoryLock; "
+    code += f"RunDirectoryLock({str(directory)!r}).acquire()"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     if "RunDirectoryBusy" in done.stderr:
         return "busy"

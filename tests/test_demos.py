@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,10 @@ def tiny_setup(log_root: Path, workers: int = 2) -> DemoSetup:
 def main_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoSetup, MainJobResult, str]:
     setup = tiny_setup(tmp_path_factory.mktemp("main_job") / "runs")
     console = Console(record=True, width=200)
-    result = run_main_job(setup, console=console)
+    with warnings.catch_warnings():
+        # Demo 1's other-data-seed row says so as it resumes (in a worker, or here).
+        warnings.filterwarnings("ignore", "the checkpoint was trained with data seed", UserWarning)
+        result = run_main_job(setup, console=console)
     return setup, result, console.export_text()
 
 
@@ -49,6 +53,9 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
     setup, result, text = main_job
     for heading in ("Demo 1", "Demo 2", "Demo 3", "255,000", "0.8%", "42B tokens", "5% of 780B"):
         assert heading in text, heading
+    # a command that works from the repository: a venv's tensorboard is not on the PATH
+    assert f"tensorboard --logdir {setup.log_root}" in text
+    assert "TensorBoard: tensorboard " not in text
     assert result.demo1 is not None and result.demo2 is not None and result.ledger is not None
     # demo 1: the exact resume is exact, the ablations are not
     exact, fresh, other = result.demo1.rows[1:]
@@ -183,13 +190,13 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
         "demo1/resume_other_data_seed",
         "demo2/clip",
         "demo2/halve_lr",
-        "demo2/reference",
         "demo2/skip_before",
         "demo2/skip_straddle",
     ]
     for run in runs:
         scalars = tb_steps(run)
         assert scalars.keys() >= TAGS, run
+        assert not scalars.keys() & {"epoch", "hp_metric"}, run  # a flat 0, a -1: noise
         steps = scalars["train/loss"]
         assert len(steps) == len(set(steps)), f"{run}: a step logged twice"
         first = 0 if run.name == "reference" else k
@@ -235,6 +242,53 @@ def test_tensorboard_hparams_layout_and_tables(
     assert charts["training loss"] == [r"^train/loss$"]
     text = summary.Tensors("demo2/table/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "halve the LR (OPT)" in text and text.startswith("| remedy |")
+    assert "`demo1/reference`" in text  # demo 2's first row, logged once, under demo 1
+
+
+def test_the_demo_tables_render_as_tables_in_tensorboard(
+    main_job: tuple[DemoSetup, MainJobResult, str],
+) -> None:
+    """Demo 1's header "max |param - reference|" once split its row into 6 cells of 4
+    columns, and TensorBoard showed the markdown as text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    setup, _, _ = main_job
+    summary = EventAccumulator(str(setup.log_root / "demo1/summary"), size_guidance={"tensors": 0})
+    summary.Reload()
+    text = summary.Tensors("demo1/table/text_summary")[0].tensor_proto.string_val[0].decode()
+    html = markdown_to_safe_html(text)
+    assert "<th>max |param - reference|</th>" in html
+    assert html.count("<tr>") == 5 and html.count("<th>") == 4 and html.count("<td>") == 16
+
+
+def test_the_main_job_writes_no_figure_outside_its_log_root_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make demo rewrote the committed docs/figures/*.png; make figures asks for them."""
+    import lit_spikes.main_job as main_job_module
+
+    taken: list[Path | None] = []
+    monkeypatch.setattr(main_job_module, "run_main_job", lambda s, _: taken.append(s.figures_dir))
+    main_job_module.main(["--log-root", str(tmp_path / "runs")])
+    main_job_module.main(["--log-root", str(tmp_path / "runs"), "--figures-dir", "docs/figures"])
+    assert taken == [None, Path("docs/figures")]
+
+
+def test_a_data_seed_warning_points_at_the_fit_call_not_into_lightning(tmp_path: Path) -> None:
+    """It showed as lightning/pytorch/trainer/call.py:199 between the main job's tables."""
+    from tests import conftest
+    from tests.conftest import fit
+
+    fit(tmp_path, "a", 4, checkpoint_every=2)
+    other = replace(TINY_DATA, seed=TINY_DATA.seed + 1)
+    ckpt = tmp_path / "a" / "checkpoints" / "step=2.ckpt"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit(tmp_path, "b", 4, data=other, ckpt_path=ckpt)
+    [warning] = [w for w in seen if "data seed" in str(w.message)]
+    assert "trained with data seed 3, this run uses 4" in str(warning.message)
+    assert warning.filename == conftest.__file__  # where fit calls trainer.fit
 
 
 def test_main_job_under_ddp_with_two_processes(tmp_path: Path) -> None:
@@ -396,6 +450,8 @@ class SignalsTheMainJobOnce(Callback):
         os.kill(self.pid, self.signum)
 
 
+# Demo 1's other-data-seed row says so as it resumes, when it trains in this process.
+@pytest.mark.filterwarnings("ignore:the checkpoint was trained with data seed:UserWarning")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: signal.Signals

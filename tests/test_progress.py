@@ -40,6 +40,7 @@ def test_the_bar_counts_global_steps_from_a_resumed_step(tmp_path: Path) -> None
         "resumed",
         N,
         ckpt_path=checkpoint_path(tmp_path / "full", K),
+        checkpoint_every=K,  # the callbacks of the run it resumes
         enable_progress_bar=True,
         callbacks=[StepProgressBar(), FirstStep()],
     )
