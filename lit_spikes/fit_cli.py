@@ -1,0 +1,568 @@
+"""``lit-spikes fit`` and ``validate``: the LightningCLI for TinyGPTModule and
+StepDataModule (``lit_spikes.cli`` dispatches to it, importing it only then: Lightning
+and torch take seconds to import, the top-level help and the other commands need
+neither).
+
+``lit-spikes fit`` takes ``--model.*``, ``--data.*``, ``--trainer.*``, ``--config FILE``
+and ``--ckpt_path PATH`` as any LightningCLI does, plus ``--checkpoint_every N``: write
+``<trainer.default_root_dir>/checkpoints/step=<k>.ckpt`` every N steps, keeping all.
+The defaults reproduce the seed's setup (4 layers, peak LR 0.1, batch 16, 400 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from lit_spikes.callbacks.batch_skipper import BatchSkipper
+from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint
+from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
+from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
+from lit_spikes.checkpoints import (
+    CheckpointError,
+    CheckpointWriteError,
+    checkpoint_files_if_any,
+    load_checkpoint,
+    newest_valid_checkpoint,
+    remove_leftovers,
+)
+from lit_spikes.cli import DESCRIPTION
+from lit_spikes.cli_parsing import (
+    LitSpikesParser,
+    arrange_help,
+    quiet_lightning_notes,
+    yaml_nonfinite,
+)
+from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
+from lit_spikes.module import TinyGPTModule, check_training_setup
+from lit_spikes.progress import with_step_progress_bar
+from lit_spikes.resume_callbacks import from_record, instantiate, keys_of, run_config_callbacks
+from lit_spikes.tb import RunLogger
+from lit_spikes.training import (
+    CHECKPOINT_DIRNAME,
+    ValidateAtEnd,
+    step_checkpoint,
+    unwritable_directory,
+    with_checkpoint_io,
+)
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "accelerator": "cpu",
+    "devices": 1,
+    "max_steps": -1,  # -1: end where the schedule (--model.optim.max_steps) ends
+    "log_every_n_steps": 1,
+    "val_check_interval": 100,
+    "check_val_every_n_epoch": None,
+    "num_sanity_val_steps": 0,
+    "default_root_dir": "runs/fit",
+}
+
+
+RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
+"""Model settings a resume may take from the command line rather than the checkpoint
+(the module warns that the run is then not guaranteed bit-exact)."""
+
+
+def _launched_rank() -> int:
+    """This process's global rank as its launcher set it (Lightning's DDP launcher,
+    torchrun, SLURM); 0 for a process started by hand."""
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class LitSpikesCLI(LightningCLI):
+    """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
+
+    @staticmethod
+    @override
+    def subcommands() -> dict[str, set[str]]:
+        # TinyGPTModule has no test or predict step: those would only fail inside Lightning.
+        return {
+            name: skip
+            for name, skip in LightningCLI.subcommands().items()
+            if name in ("fit", "validate")
+        }
+
+    @override
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        arrange_help(parser, subcommand)
+        return parser
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--checkpoint_every",
+            type=int,
+            default=50,
+            help="Write <trainer.default_root_dir>/checkpoints/step=<k>.ckpt every N steps, "
+            "keeping all of them (0: no checkpoints).",
+        )
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        every = config["checkpoint_every"]
+        if every < 0:
+            self.parser.error(f"--checkpoint_every={every} must be >= 0 (0 turns checkpoints off)")
+        steps = config["trainer"]["max_steps"]
+        if steps is not None and (steps == 0 or steps < -1):
+            self.parser.error(
+                f"--trainer.max_steps={steps} must be positive, or -1 to end with the schedule"
+            )
+        if steps is None or steps == -1:
+            # The run ends where its schedule ends unless told to stop earlier (or later).
+            config["trainer"]["max_steps"] = steps = config["model"]["optim"].max_steps
+        resume = getattr(self, "_resume_step", None)
+        if self.subcommand == "fit" and resume is not None and resume >= steps:
+            self.parser.error(
+                f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
+                "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
+            )
+        no_checkpoints = config["trainer"]["enable_checkpointing"] is False
+        if self.subcommand == "fit" and every and no_checkpoints:
+            self.parser.error(
+                "--trainer.enable_checkpointing=false: lit-spikes writes its checkpoints as "
+                f"--checkpoint_every says ({every}); give --checkpoint_every 0 for none"
+            )
+        root = Path(config["trainer"]["default_root_dir"])
+        problem = unwritable_directory(root)
+        if problem is not None:
+            self.parser.error(
+                f"--trainer.default_root_dir={root} {problem}: choose a writable directory"
+            )
+        checkpoints = root / CHECKPOINT_DIRNAME
+        problem = unwritable_directory(checkpoints) if self.subcommand == "fit" and every else None
+        if problem is not None:  # a read-only checkpoints/ left by another user or a copy
+            self.parser.error(
+                f"{checkpoints} {problem}: the run could not write its checkpoints there; "
+                "make it writable or choose another --trainer.default_root_dir"
+            )
+        devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
+        devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
+        if devices and isinstance(nodes, int) and nodes > 0:
+            # Else each of the processes Lightning starts fails in setup with its traceback
+            try:
+                check_shard(int(config["data"]["config"]["batch_size"]), 0, devices * nodes)
+            except ValueError as error:
+                self.parser.error(str(error))
+        self._check_clipping_and_intervals(config["trainer"])
+
+    def _check_clipping_and_intervals(self, trainer: Any) -> None:
+        clip = trainer.get("gradient_clip_val")
+        if clip is not None and not (isinstance(clip, int | float) and 0 <= clip < math.inf):
+            # Lightning trains unclipped at -1, and the fingerprint would record clipping -1
+            self.parser.error(
+                f"--trainer.gradient_clip_val={clip} must be a finite number >= 0 "
+                "(0 or null: no clipping)"
+            )
+        interval = trainer.get("val_check_interval")
+        if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
+            self.parser.error(
+                f"--trainer.val_check_interval={interval} must be >= 1 (steps between validations)"
+            )
+        by_epoch = trainer.get("check_val_every_n_epoch") is not None
+        if isinstance(interval, float) and not (by_epoch and 0 < interval <= 1):
+            self.parser.error(
+                f"--trainer.val_check_interval={interval} must be a whole number of steps "
+                ">= 1 (a fraction in (0, 1] of an epoch needs --trainer.check_val_every_n_epoch "
+                "and an int --trainer.limit_train_batches: the step stream has no epochs)"
+            )
+
+    @override
+    def instantiate_classes(self) -> None:
+        # A config that parses but does not validate (a dataclass's or a callback's own
+        # check) is bad input too: report it as such, before anything runs or is written.
+        try:
+            super().instantiate_classes()
+            # What would fail at the first step, after files were written: now, instead.
+            check_training_setup(
+                self.model.model_config,
+                self.datamodule,
+                self.trainer.accumulate_grad_batches,
+                getattr(self.trainer, "overfit_batches", 0),
+            )
+            self._check_skip_at_resume()
+        except (ValueError, TypeError) as error:
+            self.parser.error(f"invalid configuration: {error}")
+        self._check_recorded_callbacks()
+        self._epochs_of_the_stream()
+        if isinstance(self.model, TinyGPTModule) and self.model.example_input_array is None:
+            # Lightning's model summary counts FLOPs on an example input: without one its
+            # table said FLOPs 0. (A forward in eval mode, no grad: no RNG, no state.)
+            rows = self.model.model_config.block_size
+            self.model.example_input_array = torch.zeros((1, rows), dtype=torch.long)
+        for callback in getattr(self.trainer, "callbacks", []):
+            if isinstance(callback, RunDirectoryLock):
+                # Before fit: Lightning's logger writes its first file before any setup hook.
+                callback.acquire_for(self.trainer)
+                remove_leftovers(callback.directory / CHECKPOINT_DIRNAME)  # now this run's
+                if getattr(self, "_restart_events", False) and _launched_rank() == 0:
+                    self._start_anew(callback.directory)
+
+    def _start_anew(self, root: Path) -> None:
+        """``--ckpt_path last`` in a directory whose run wrote no checkpoint: that run's
+        TensorBoard events go (the new run logs the same steps from 0), said in a line."""
+        events = sorted(root.glob("events.out.tfevents.*"))
+        for event_file in events:
+            event_file.unlink()
+        print(
+            f"lit-spikes: --ckpt_path last: {root} has no checkpoint to resume, only the "
+            f"TensorBoard events of a run that wrote none ({len(events)} file(s), removed): "
+            "starting it anew from step 0",
+            file=sys.stderr,
+        )
+
+    def _check_skip_at_resume(self) -> None:
+        """A skip position the checkpoint's run already passed is refused by the data
+        module's ``load_state_dict``, but only once the fit restores it, after config.yaml
+        and the events were written: the same check now (``ValueError``)."""
+        checkpoint = getattr(self, "_resume_checkpoint", None)
+        state = None if checkpoint is None else checkpoint.get(StepDataModule.__qualname__)
+        if self.subcommand != "fit" or not state or not isinstance(self.datamodule, StepDataModule):
+            return
+        probe = StepDataModule(self.datamodule.config)
+        for callback in getattr(
+            self.trainer, "callbacks", []
+        ):  # a BatchSkipper adds its positions in setup
+            if isinstance(callback, BatchSkipper):
+                probe.add_skip(callback.skip)
+        with warnings.catch_warnings():  # its seed and config warnings come at the real load
+            warnings.simplefilter("ignore")
+            probe.load_state_dict(state)
+
+    def _epochs_of_the_stream(self) -> None:
+        """``--trainer.max_epochs`` honoured as Lightning does (the run ends at the first of
+        max_steps and max_epochs): the step stream is endless, so an epoch here is as many
+        steps as it takes to draw the training text's number of tokens, unless an int
+        ``--trainer.limit_train_batches`` sets its length."""
+        if self.subcommand != "fit" or not isinstance(self.datamodule, StepDataModule):
+            return
+        epochs = self.config[self.subcommand]["trainer"].get("max_epochs")
+        trainer = self.trainer
+        if epochs is None or epochs < 1 or isinstance(trainer.limit_train_batches, int):
+            return
+        config = self.datamodule.config
+        tokens = int(self.datamodule.train_tokens.numel())
+        steps = max(1, math.ceil(tokens / (config.batch_size * config.block_size)))
+        trainer.limit_train_batches = steps  # a Trainer attribute its fit loop reads
+        if _launched_rank() == 0:
+            print(
+                f"lit-spikes: --trainer.max_epochs {epochs}: an epoch here is {steps} steps "
+                f"(the training text's {tokens} tokens / batch {config.batch_size} x "
+                f"{config.block_size}); the run ends at step "
+                f"{min(trainer.max_steps, epochs * steps)}, the first of max_steps and "
+                "max_epochs",
+                file=sys.stderr,
+            )
+
+    @override
+    def _parse_ckpt_path(self) -> None:
+        # Before LightningCLI reads the checkpoint's hyperparameters with a bare
+        # torch.load: resolve "latest", and turn a broken file into a clear error.
+        config = self.config.get(self.config.get("subcommand") or "", None)
+        path = config.get("ckpt_path") if config is not None else None
+        if path in ("best", "hpc", "registry"):
+            self.parser.error(
+                f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
+                "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest, "
+                "or last (the newest, or a new run where there is none yet)"
+            )
+        latest, asked = path in ("latest", "last"), path
+        if latest:
+            directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
+            found: Path | None = None
+            try:
+                _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
+            except FileNotFoundError as error:
+                fitting = self.config.get("subcommand") == "fit"
+                # Lightning's "last": set and forget, from a job's first start on (a
+                # requeued job's command line is the first one's): a new run, below
+                if not (path == "last" and fitting and not checkpoint_files_if_any(directory)):
+                    self.parser.error(f"--ckpt_path {path}: {error}")
+            config["ckpt_path"] = path = None if found is None else str(found)
+        if not path:
+            if self.config.get("subcommand") == "fit":
+                self._refuse_mixed_histories(config, None, None, restart=asked == "last")
+            return
+        try:  # validate and test need only the weights
+            checkpoint = load_checkpoint(
+                path, weights_enough=self.config.get("subcommand") != "fit"
+            )
+        except CheckpointError as error:
+            self.parser.error(f"--ckpt_path: {error}")
+        self._resume_step = int(checkpoint["global_step"])
+        if self.config.get("subcommand") == "fit":
+            self._resume_checkpoint = checkpoint  # its data state and callbacks, checked
+        if self.config.get("subcommand") == "fit" and not latest:
+            self._refuse_mixed_histories(config, path, self._resume_step)
+        self._resume_with_checkpoint_settings(path, checkpoint)
+
+    def _refuse_mixed_histories(
+        self, config: Any, path: str | None, step: int | None, restart: bool = False
+    ) -> None:
+        """A fit whose checkpoint directory holds another history's files would write its
+        own beside them (``step=<k>-v1.ckpt``, a second TensorBoard curve over the same
+        steps), and ``--ckpt_path latest`` would later find the other: refused, unless it
+        resumes that directory's run from its newest file (``latest`` always does).
+        ``restart`` (``--ckpt_path last`` finding no checkpoint): a run that wrote none
+        has nothing to resume or protect, its events are removed once the directory is
+        this run's (a job killed before its first checkpoint is requeued as it started)."""
+        root = config["trainer"]["default_root_dir"]
+        directory = Path(root) / CHECKPOINT_DIRNAME
+        steps = [s for s, _ in checkpoint_files_if_any(directory)]
+        events = sorted(Path(root).glob("events.out.tfevents.*"))
+        if not steps and not (path is None and events):
+            return
+        # A run still training there is the first thing to say (exit 75, naming it), not
+        # how to go on with its files, also before its first checkpoint. Asked by the
+        # first process only: under DDP the others start while it holds the lock.
+        if _launched_rank() == 0:
+            probe = RunDirectoryLock(root)
+            probe.acquire()
+            probe.release()
+        if not steps:  # a run of no checkpoints (--checkpoint_every 0), or cut short
+            self._restart_events = restart
+            if not restart:
+                self.parser.error(
+                    f"{root} holds the TensorBoard events of a run ({events[0].name}"
+                    f"{' and more' if len(events) > 1 else ''}): a new run there would log "
+                    "the same steps again into its curves; choose another "
+                    "--trainer.default_root_dir (or start that run anew, its events "
+                    "removed, with --ckpt_path last)"
+                )
+            return
+        held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
+        elsewhere = "or choose another --trainer.default_root_dir"
+        if path is None:
+            self.parser.error(
+                f"{held}; a new run there would mix its files and TensorBoard steps with "
+                f"that run's. Go on with it (--ckpt_path latest), {elsewhere}"
+            )
+        if Path(path).resolve().parent != directory.resolve():
+            self.parser.error(f"--ckpt_path {path} is not one of them: {held}; {elsewhere}")
+        later = [s for s in steps if step is not None and s > step]
+        if later:
+            self.parser.error(
+                f"--ckpt_path {path} is at step {step}, but {held}, later ones included: "
+                f"a run resumed there would mix two histories, and --ckpt_path latest would "
+                f"find the other one. Resume into another --trainer.default_root_dir"
+            )
+
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):  # the command line, as LightningCLI's
+            args = yaml_nonfinite(sys.argv[1:] if args is None else list(args))
+            self._args = args  # parsed again, on the checkpoint's settings, by a resume
+            self.config = parser.parse_args(args)
+            return
+        self._args = args
+        super().parse_arguments(parser, args)
+
+    def _callbacks_to_resume(self, path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """A fit resume's default ``trainer.callbacks``: those of the run's config.yaml
+        beside the file (every setting, also of callbacks that keep no state), then each
+        stateful one the file's own record names that those lack, rebuilt from its state
+        key (a copied or archived file has no config.yaml beside it)."""
+        entries = run_config_callbacks(path, checkpoint)
+        present = [callback for callback in map(instantiate, entries) if callback is not None]
+        self._record = from_record(checkpoint, present)
+        self._default_callbacks = [*entries, *self._record.rebuilt]
+        return {"trainer.callbacks": self._default_callbacks} if self._default_callbacks else {}
+
+    def _check_recorded_callbacks(self) -> None:
+        """After instantiation: say which callbacks came from the checkpoint's record, and
+        refuse a resume that would drop the state of one that cannot be rebuilt (a class
+        of Lightning's or the user's, a RollbackRestore), unless the command line or a
+        --config chose the callbacks itself (then Lightning's warning names them)."""
+        record = getattr(self, "_record", None)
+        if record is None:
+            return
+        present: set[str] = set()
+        for callback in getattr(self.trainer, "callbacks", []):
+            present |= keys_of(callback)
+        given = self.config[self.subcommand]["trainer"].get("callbacks") or []
+        given_paths = [getattr(entry, "class_path", entry) for entry in given]
+        chosen = given_paths != [entry["class_path"] for entry in self._default_callbacks]
+        missing = [key for key in record.unrebuilt if key not in present]
+        path = self.config[self.subcommand]["ckpt_path"]
+        if missing and not chosen:
+            self.parser.error(
+                f"--ckpt_path {path} was written with callbacks that this resume lacks and "
+                f"that lit-spikes cannot rebuild from the file: {'; '.join(missing)}. Their "
+                "state would be dropped: give each with --trainer.callbacks+=<class> and the "
+                "settings its key names (or a --config listing them), or resume from the "
+                "run's own directory, whose config.yaml lists them"
+            )
+        used = [d for d, key in zip(record.described, record.keys, strict=True) if key in present]
+        if used and _launched_rank() == 0:
+            print(
+                f"lit-spikes: callbacks from the checkpoint's record (no config.yaml of its "
+                f"run lists them): {'; '.join(used)}",
+                file=sys.stderr,
+            )
+
+    def _resume_with_checkpoint_settings(self, path: str, checkpoint: dict[str, Any]) -> None:
+        """The command line parsed again with the checkpoint's model and data settings as
+        the defaults: ``--ckpt_path`` alone resumes the same run, and whatever the command
+        line or a ``--config`` file sets explicitly stays as given (LightningCLI itself
+        puts the model's hyperparameters over everything, and leaves the data's alone).
+        A model setting given that differs from the file is an error, except those a
+        resume may change (``RESUMABLE_CHANGES``: the module warns); a data setting that
+        differs is kept, and the data module warns. The checkpoint's gradient clipping is
+        the default too (given otherwise, the module warns, unless clipping is added to a
+        run that had none: the clipping remedy)."""
+        saved = {
+            f"model.{key}": value
+            for key, value in flat_config(
+                plain_config(checkpoint.get("hyper_parameters", {}))
+            ).items()
+        }
+        data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
+        if data is not None:  # files from before hold only the data seed
+            saved |= {f"data.config.{key}": value for key, value in flat_config(data).items()}
+        # A Trainer setting, kept for the same reason
+        saved |= {f"trainer.{k}": v for k, v in clipping_from_checkpoint(checkpoint).items()}
+        if self.config["subcommand"] == "fit":  # the remedies, the detector
+            saved |= self._callbacks_to_resume(Path(path), checkpoint)
+        subcommand = self.config["subcommand"]
+        parser = self._parser(subcommand)
+        known = parser.get_defaults()
+        parser.set_defaults({key: value for key, value in saved.items() if key in known})
+        self.config = self.parser.parse_args(self._args)  # (build_cli passes a list or None)
+        config = self.config[subcommand]
+        config["ckpt_path"] = path  # "latest" resolved
+        conflicts = []
+        for key, value in saved.items():
+            if not key.startswith("model.") or key not in config:
+                continue
+            given = plain_config(config[key])
+            if given != value and key.removeprefix("model.") not in RESUMABLE_CHANGES:
+                conflicts.append(f"--{key}={given!r} (the checkpoint's: {value!r})")
+        if conflicts:
+            self.parser.error(
+                "--ckpt_path resumes the checkpoint's run with its own model settings, but "
+                + "; ".join(conflicts)
+                + " asks for others. Drop them to resume; start a new run to change them; "
+                "to change the LR from the resume point on, add an LRScaler callback"
+            )
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        root = config["trainer"]["default_root_dir"]
+        every = config["checkpoint_every"]
+        callbacks = [
+            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
+        ]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        training = self.subcommand == "fit"  # validate trains nothing and saves nothing
+        if training:
+            callbacks.append(RunDirectoryLock(root))  # taken in instantiate_classes
+        if every and training:
+            dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
+            callbacks.append(PreemptionCheckpoint(dirpath))
+            callbacks.append(step_checkpoint(dirpath, every))
+            callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
+        interval, steps = trainer_config.get("val_check_interval"), trainer_config["max_steps"]
+        if training and ValidateAtEnd.needed(interval, steps):
+            callbacks.append(ValidateAtEnd())  # the final model's val/bpc
+        if not (every and training):
+            trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
+        if trainer_config.get("enable_progress_bar", True) is not False:
+            configured = trainer_config.get("callbacks") or []
+            configured = configured if isinstance(configured, list) else [configured]
+            callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
+        if trainer_config.get("logger") in (None, True):
+            # validate: a run of its own beside the training's (its curves, its config.yaml
+            # untouched), one per checkpoint; Lightning logs a validation at step 0
+            checkpoint = config.get("ckpt_path")
+            trainer_config["logger"] = RunLogger(
+                save_dir=root,
+                name="" if training else "validate",
+                version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
+                purge_step=getattr(self, "_resume_step", None) if training else None,
+            )
+        trainer_config["plugins"] = with_checkpoint_io(trainer_config)
+        return self._instantiate_trainer(trainer_config, callbacks)
+
+
+class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the description's line breaks kept."""
+
+
+def run(args: list[str] | None = None) -> LitSpikesCLI | None:
+    """``lit-spikes fit|validate ...`` (``lit_spikes.cli.main`` without a command of its
+    own); the CLI object for in-process callers (``args`` given), else None."""
+    try:
+        cli = build_cli(args)
+    except RunDirectoryBusy as error:
+        # Not a crash: a scheduler may retry later (EX_TEMPFAIL), once the other run ended.
+        print(f"lit-spikes: error: {error}", file=sys.stderr)
+        raise SystemExit(os.EX_TEMPFAIL) from None
+    except CheckpointWriteError as error:
+        # A full disk is no bug to debug: one line with the file, the space left, the way on.
+        print(f"lit-spikes: error: {error}", file=sys.stderr)
+        raise SystemExit(os.EX_IOERR) from None
+    except SIGTERMException:
+        # Lightning ends a run that got SIGTERM with SystemExit(None), status 0 (with
+        # --checkpoint_every 0 there is no PreemptionCheckpoint to stop it first): a job
+        # scheduler must see that it did not finish.
+        raise SystemExit(128 + signal.SIGTERM) from None
+    preempted = [
+        cb
+        for cb in getattr(cli.trainer, "callbacks", [])
+        if isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
+    ]
+    if preempted and getattr(rank_zero_only, "rank", 0) == 0:  # once, not once per rank
+        print(
+            f"lit-spikes: resume with the same command and --ckpt_path "
+            f"{preempted[0].saved_path} (or --ckpt_path latest)",
+            file=sys.stderr,
+        )
+    if preempted and args is None:  # in-process callers (tests) get the CLI object back
+        raise SystemExit(128 + int(preempted[0].received or 0))
+    return cli if args is not None else None
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
+    """The project's LightningCLI; ``run=False`` parses and instantiates only."""
+    quiet_lightning_notes()
+    return LitSpikesCLI(
+        TinyGPTModule,
+        StepDataModule,
+        trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=False,
+        auto_configure_optimizers=False,
+        load_from_checkpoint_support=False,
+        parser_class=LitSpikesParser,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={
+            "prog": "lit-spikes",
+            "description": DESCRIPTION,
+            "formatter_class": _HelpFormatter,
+        }
+        if run
+        else None,
+        args=args,
+        run=run,
+    )
