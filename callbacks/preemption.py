@@ -23,7 +23,6 @@ from lit_spikes.callbacks._common import (
     unused_checkpoint_path,
     validates_at_this_step_anyway,
 )
-from lit_spikes.checkpoints import wait_for_writes
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _log = logging.getLogger(__name__)
@@ -189,8 +188,7 @@ class PreemptionCheckpoint(Callback):
             return
         # Beside another run's file of this step (this run's own is never there yet).
         path = unused_checkpoint_path(self.dirpath, trainer.global_step)
-        trainer.save_checkpoint(path, weights_only=False)
-        wait_for_writes()  # on disk before saying so, and before the process may be killed
+        trainer.save_checkpoint(path, weights_only=False)  # synchronous: on disk now
         self.saved_path = path
         for callback in trainer.checkpoint_callbacks:
             # A ModelCheckpoint of this directory runs after this hook (Lightning puts them

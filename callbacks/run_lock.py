@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import datetime
-import fcntl
 import os
 import socket
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from filelock import FileLock, Timeout
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
 from lit_spikes.callbacks._common import trainer_callbacks
-from lit_spikes.checkpoints import AtomicCheckpointIO, checkpoint_files_if_any, wait_for_writes
+from lit_spikes.checkpoints import (
+    AtomicCheckpointIO,
+    CheckpointWriteError,
+    checkpoint_files_if_any,
+)
 
 LOCK_NAME = ".lit-spikes.lock"
 """The lock file in a run directory (no TensorBoard or checkpoint glob matches it)."""
@@ -42,11 +45,13 @@ class RunDirectoryBusy(RuntimeError):
 
 @dataclass
 class _Held:
-    """One locked file of this process, shared by its ``RunDirectoryLock`` objects."""
+    """One locked file of this process, shared by its ``RunDirectoryLock`` objects (each
+    one a hold of the reentrant ``lock``)."""
 
     path: Path
-    fd: int
-    users: int = 1
+    lock: FileLock
+    identity: os.stat_result
+    """The locked file as taken: the one to remove at release, and no other."""
 
 
 _HELD: dict[Path, _Held] = {}
@@ -56,7 +61,7 @@ holds shares it (a run resumed in the same process, a Trainer built and never fi
 
 def _forget_held_locks() -> None:
     # A forked child shares its parent's locked file descriptions: releasing them there
-    # (LOCK_UN) would drop the parent's lock. The child holds nothing of its own.
+    # would drop the parent's lock. The child holds nothing of its own.
     _HELD.clear()
 
 
@@ -75,12 +80,12 @@ class RunDirectoryLock(Callback):
     terminals) stops before it trains or writes a file there, instead of interleaving its
     checkpoints and TensorBoard curves with those of the run already there.
 
-    The lock is a ``flock`` on ``<directory>/.lit-spikes.lock``: the kernel releases it
-    when its process dies, so a killed run leaves no stale lock behind. The file names its
+    The lock is a ``filelock.FileLock`` on ``<directory>/.lit-spikes.lock`` (``flock``:
+    the kernel releases it when its process dies, so a killed run leaves no stale lock
+    behind; where a filesystem has none, filelock's own fallback). The file names its
     holder (pid, host, start, command) for the other run's error, and is removed when the
     run ends. Locks of one process on one directory share it (a run resumed in the same
-    process goes on). Only global rank 0 takes it. Where the filesystem has no ``flock``
-    (some network mounts) the run warns and goes on unlocked.
+    process goes on). Only global rank 0 takes it.
 
     ``setup`` takes it at the latest, but Lightning's logger creates its first file just
     before ``setup`` (a resumed run's TensorBoard purge marker among it): ``RunSpec.trainer()``
@@ -92,6 +97,10 @@ class RunDirectoryLock(Callback):
     its own ``on_exception`` after this one, at the end of ``AtomicCheckpointIO``'s
     teardown (or as that save fails: Lightning then skips teardown). A copy sent to
     another process (a spawned DDP worker) or a forked child holds nothing.
+
+    Every full checkpoint saved while it is there flushes the Trainer's loggers first
+    (``on_save_checkpoint``): the events logged before a file are on disk before it, so
+    a run killed right after a save and resumed from it loses no curve.
 
     A new run (a fit without ``ckpt_path``) into a directory whose checkpoint callbacks'
     directories hold ``step=<k>.ckpt`` files of a run is refused at fit start, as
@@ -105,6 +114,8 @@ class RunDirectoryLock(Callback):
     Raises:
         RunDirectoryBusy: from ``acquire``/``acquire_for`` (and so ``setup``), when another
             process holds the directory.
+        CheckpointWriteError: from the same, when the lock file cannot be written (a full
+            disk: with the space left); nothing is left behind.
         AnotherHistory: from ``on_fit_start``, for a new run into another run's checkpoints.
 
     Example:
@@ -138,18 +149,17 @@ class RunDirectoryLock(Callback):
 
         Raises:
             RunDirectoryBusy: another process holds it.
+            CheckpointWriteError: the lock file cannot be written.
         """
         if self.held:
             return
         path = self.directory.resolve() / LOCK_NAME  # one key however the path is spelled
         shared = _HELD.get(path)
         if shared is not None:
-            shared.users += 1
+            shared.lock.acquire()  # reentrant: one more hold
             self._held = shared
             return
-        fd = _lock_file(path)
-        if fd is not None:
-            self._held = _HELD[path] = _Held(path, fd)
+        self._held = _HELD[path] = _lock_file(path)
 
     def acquire_for(self, trainer: pl.Trainer) -> None:
         """``acquire()`` as ``trainer`` is built, in the process that will write the run's
@@ -170,20 +180,11 @@ class RunDirectoryLock(Callback):
         held, self._held = self._held, None
         if held is None or _HELD.get(held.path) is not held:
             return  # never held, or inherited through a fork: the parent's to release
-        held.users -= 1
-        if held.users:
+        if held.lock.lock_counter > 1:
+            held.lock.release()
             return
         del _HELD[held.path]
-        try:
-            # While still locked (see _lock_file), and only our own file: a directory
-            # removed and made again meanwhile holds another run's.
-            if os.path.samestat(os.fstat(held.fd), os.stat(held.path)):
-                held.path.unlink()
-        except FileNotFoundError:
-            pass
-        finally:
-            fcntl.flock(held.fd, fcntl.LOCK_UN)  # for forked children sharing it too
-            os.close(held.fd)
+        _remove_and_release(held)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -219,13 +220,20 @@ class RunDirectoryLock(Callback):
         )
 
     @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # A checkpoint is only as complete as the curves that lead to it: a resume from it
+        # purges TensorBoard from its step on, so what was logged before it (a detector's
+        # spike/loss of this step) is on disk before the file is (TensorBoardLogger.save
+        # waits for its writer thread and flushes).
+        for logger in trainer.loggers:
+            logger.save()
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # After on_fit_end, where a callback may have saved once more: that file is on
-        # disk (or its write's error raised) before another run may look at the directory.
-        try:
-            wait_for_writes()
-        finally:
-            self.release()
+        # After on_fit_end, where a callback may have saved once more (saves are synchronous).
+        self.release()
 
     @override
     def on_exception(
@@ -234,10 +242,9 @@ class RunDirectoryLock(Callback):
         # Lightning calls no teardown hook after a failure. A ModelCheckpoint saving on
         # exception writes in its on_exception, after this one (checkpoint callbacks come
         # last): then AtomicCheckpointIO releases the lock at its teardown's end, after
-        # every on_exception and the written files. Otherwise it goes now, once this
-        # process's writes are done (an error stays for that teardown): deferring always
-        # would keep it until the process exits when a later on_exception raises (Lightning
-        # then skips its teardown).
+        # every on_exception. Otherwise it goes now: deferring always would keep it until
+        # the process exits when a later on_exception raises (Lightning then skips its
+        # teardown).
         checkpoint_io = getattr(trainer.strategy, "checkpoint_io", None)
         writes_later = any(
             getattr(cb, "save_on_exception", False) for cb in trainer_callbacks(trainer)
@@ -245,47 +252,50 @@ class RunDirectoryLock(Callback):
         if writes_later and isinstance(checkpoint_io, AtomicCheckpointIO):
             checkpoint_io.call_after_teardown(self.release)
             return
-        try:
-            wait_for_writes(keep_errors=True)
-        finally:
-            self.release()
+        self.release()
 
 
-def _lock_file(path: Path) -> int | None:
-    """A descriptor holding ``flock`` on ``path`` (created), which names this process;
-    None where the filesystem cannot lock (warned).
+def _lock_file(path: Path) -> _Held:
+    """The lock on ``path`` (created), which then names this process.
 
     Raises:
         RunDirectoryBusy: another process holds it.
+        CheckpointWriteError: it cannot be written; nothing is left behind.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunDirectoryBusy(path.parent, holder) from None
-        except OSError as error:
-            os.close(fd)
-            warnings.warn(
-                f"cannot lock run directory {path.parent} ({error.strerror}): a second "
-                "run started into it would not be stopped",
-                stacklevel=3,
-            )
-            return None
-        # The holder before us removes the file as it releases: if it did so between our
-        # open and our flock, we locked a file nobody else will see. Again.
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            current = None
-        if current is not None and os.path.samestat(os.fstat(fd), current):
-            os.ftruncate(fd, 0)
-            os.write(fd, _holder_description().encode())
-            return fd
-        os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CheckpointWriteError(path.parent, error) from None
+    lock = FileLock(path, timeout=0, thread_local=False)  # released in whatever thread
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunDirectoryBusy(path.parent, _read_holder(path)) from None
+    except OSError as error:
+        raise CheckpointWriteError(path, error) from None
+    held = _Held(path, lock, os.stat(path))
+    try:
+        _write_holder(path)
+    except OSError as error:  # a full disk: no run starts, and no empty lock file stays
+        _remove_and_release(held)
+        raise CheckpointWriteError(path, error) from None
+    return held
+
+
+def _write_holder(path: Path) -> None:
+    path.write_bytes(_holder_description().encode())
+
+
+def _remove_and_release(held: _Held) -> None:
+    """Remove the lock file while still holding it, then release it. Only our own file:
+    a directory removed and made again meanwhile holds another run's."""
+    try:
+        if os.path.samestat(os.stat(held.path), held.identity):
+            held.path.unlink()
+    except FileNotFoundError:
+        pass
+    finally:
+        held.lock.release()
 
 
 def _holder_description() -> str:
@@ -294,9 +304,10 @@ def _holder_description() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}, since {started}: {command}"
 
 
-def _read_holder(fd: int) -> str:
+def _read_holder(path: Path) -> str:
     try:
-        text = os.pread(fd, 1000, 0).decode(errors="replace").strip()
+        with open(path, "rb") as handle:
+            text = handle.read(1000).decode(errors="replace").strip()
     except OSError:
         text = ""
     return text or "holder unknown"

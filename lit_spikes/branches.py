@@ -40,7 +40,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks._common import trainer_callbacks
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
-from lit_spikes.checkpoints import checkpoint_step, wait_for_writes
+from lit_spikes.checkpoints import checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
@@ -153,7 +153,6 @@ class _Reporter(Callback):
         due = self.checkpoint_every and step and step % self.checkpoint_every == 0
         if due and step != self._checkpoint_sent:
             self._checkpoint_sent = step
-            wait_for_writes()  # written in the background: on disk before anyone opens it
             self.queue.put(("checkpoint", self.name, step))
 
     @override

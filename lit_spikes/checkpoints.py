@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import functools
-import io
 import os
 import pickle
 import re
+import shutil
 import sys
-import threading
+import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -40,22 +40,33 @@ class CheckpointError(ValueError):
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint whose file could not be written in the background; the message names
-    the file and the error. Whatever stood at that path before is still there (the new
-    file is renamed into place only once written), unless only the final fsync of the
-    directory failed, after the rename; no other file was touched."""
+    """A file of a run (a checkpoint, the run directory's lock) that could not be written;
+    the message names the file, the error and, for a full disk, the space left. Whatever
+    stood at that path before is still there (a new file is renamed into place only once
+    written), and no other file was touched."""
 
-    def __init__(self, path: Path, error: BaseException) -> None:
-        super().__init__(
-            f"writing checkpoint {path} failed ({type(error).__name__}: {error}): "
-            "the file there is the previous one (or, if only the directory's fsync failed, "
-            "the new one, maybe not yet durable); earlier checkpoints are intact"
-        )
-        self.path, self.error = path, error
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(f"cannot write {path}: {_why(path, error)}")
+        self.path, self.error, self.errno = path, error, error.errno
 
-    def __reduce__(self) -> tuple[type[CheckpointWriteError], tuple[Path, BaseException]]:
+    def __reduce__(self) -> tuple[type[CheckpointWriteError], tuple[Path, OSError]]:
         # Rebuilt from its own arguments: a branch worker's error crosses the process pool.
         return type(self), (self.path, self.error)
+
+
+def _why(path: Path, error: OSError) -> str:
+    reason = error.strerror or str(error)
+    intact = "; earlier checkpoints are intact" if path.suffix == ".ckpt" else ""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return reason + intact
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = f"{shutil.disk_usage(existing).free / 1e6:.1f} MB free on {existing}"
+    except OSError:
+        free = f"free space on {existing} unknown"
+    return f"{reason} ({free}){intact}: free space, then run again"
 
 
 def load_checkpoint(path: str | Path, *, weights_enough: bool = False) -> dict[str, Any]:
@@ -66,11 +77,32 @@ def load_checkpoint(path: str | Path, *, weights_enough: bool = False) -> dict[s
         CheckpointError: missing, empty, truncated, not a torch file, holding code
             (pickled objects are never unpickled), or a weights-only checkpoint (unless
             ``weights_enough``).
-        CheckpointWriteError: a background write of this process failed (any file: the
-            readers wait for every pending write first).
     """
     path = Path(path)
-    wait_for_writes()  # a file this process is still writing in the background
+    checkpoint = _load_file(path)
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
+    # What Lightning's save_checkpoint(weights_only=True) leaves out, nothing else.
+    lightning_weights = missing == ["optimizer_states", "lr_schedulers"]
+    if weights_enough and lightning_weights and "pytorch-lightning_version" in checkpoint:
+        return checkpoint
+    if lightning_weights or ("state_dict" in checkpoint and "optimizer_states" in missing):
+        raise CheckpointError(
+            path, "holds weights only (no optimizer state): it cannot resume a run bit-exactly"
+        )
+    if missing:
+        raise CheckpointError(path, f"is not a Lightning training checkpoint (missing {missing})")
+    return checkpoint
+
+
+def _load_file(path: Path) -> Any:
+    """What a torch file holds, loaded with ``weights_only=True`` and its checksums read.
+
+    Raises:
+        CheckpointError: missing, a directory, empty, truncated, not a torch file, holding
+            code, or failing a CRC-32 check.
+    """
     if path.is_dir():
         raise CheckpointError(
             path, "a directory, not a checkpoint file (give one of its step=<k>.ckpt files)"
@@ -105,19 +137,6 @@ def load_checkpoint(path: str | Path, *, weights_enough: bool = False) -> dict[s
             f"corrupt: its record {damaged} fails its CRC-32 check (bits changed on disk or "
             "in a copy since it was written); resume from another checkpoint",
         )
-    if not isinstance(checkpoint, dict):
-        raise CheckpointError(path, f"holds a {type(checkpoint).__name__}, not a checkpoint dict")
-    missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
-    # What Lightning's save_checkpoint(weights_only=True) leaves out, nothing else.
-    lightning_weights = missing == ["optimizer_states", "lr_schedulers"]
-    if weights_enough and lightning_weights and "pytorch-lightning_version" in checkpoint:
-        return checkpoint
-    if lightning_weights or ("state_dict" in checkpoint and "optimizer_states" in missing):
-        raise CheckpointError(
-            path, "holds weights only (no optimizer state): it cannot resume a run bit-exactly"
-        )
-    if missing:
-        raise CheckpointError(path, f"is not a Lightning training checkpoint (missing {missing})")
     return checkpoint
 
 
@@ -146,9 +165,8 @@ def checkpoint_step(path: str | Path) -> int:
     asks for it as it submits each branch of a file, from the training run writing them).
 
     Raises:
-        CheckpointError, CheckpointWriteError: as ``load_checkpoint``.
+        CheckpointError: as ``load_checkpoint``.
     """
-    wait_for_writes()
     try:
         version = Path(path).stat().st_mtime_ns
     except OSError:
@@ -166,7 +184,6 @@ def checkpoint_files(directory: str | Path) -> list[tuple[int, Path]]:
     by step, and files of one step (``step=20.ckpt`` and the ``step=20-v1.ckpt`` of a run
     resumed into the same directory) in the order they were written (their modification
     times; on a tie, or times a copy reset, by ``-v<n>``)."""
-    wait_for_writes()  # every file this process saved is listed
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
@@ -209,127 +226,36 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     directory is fsynced so the rename itself survives a power cut. A process killed at
     any moment leaves at most a ``.<name>.tmp-<pid>`` file, which no glob for ``*.ckpt``
     matches and ``remove_leftovers`` deletes.
+
+    Raises:
+        CheckpointWriteError: the file could not be written (a full disk: with the space
+            left); the old file, if any, is still there.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(temp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as error:
+        temp.unlink(missing_ok=True)
+        raise CheckpointWriteError(path, error) from None
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` through ``atomic_write``: never a partial file under ``path``."""
-    atomic_write(path, lambda handle: torch.save(obj, handle))
-
-
-class _BackgroundWriter:
-    """Writes serialized checkpoints with ``atomic_write`` in one helper thread, in the
-    order they were handed over, and keeps the first error for the next caller.
-
-    Only the file's writing moves: open, write, the two fsyncs and the rename are system
-    calls that release the GIL, about 4 ms of a 12 ms save of the default model. The
-    serializing stays with the caller: it is Python that holds the GIL, and in a helper
-    thread it stalled the training thread as long (even its backward pass, which takes
-    the GIL to free tensors).
-
-    The executor's thread is joined at interpreter exit, so a handed-over file is written
-    unless the process is killed; a forked child starts with no writes of its parent's.
-    """
-
-    def __init__(self) -> None:
-        # Reentrant: a signal handler may save (Lightning's SLURM requeue handler does) in
-        # the main thread while that thread is inside submit or wait.
-        self._lock = threading.RLock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[Path, Future[None]]] = []
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._lock = threading.RLock()
-        self._executor, self._pending = None, []
-
-    def submit(self, path: Path, data: bytes | memoryview) -> None:
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
-            write = functools.partial(atomic_write, path, lambda handle: handle.write(data))
-            self._pending.append((path, self._executor.submit(write)))
-
-    def raise_failed_before_last(self) -> None:
-        """Raise the error of the first failed write among those handed over before the
-        last one, without waiting for the last (each error to one caller).
-
-        Raises:
-            CheckpointWriteError: for that write.
-        """
-        with self._lock:
-            earlier = self._pending[:-1]
-            failed = [e for e in earlier if e[1].done() and e[1].exception() is not None]
-            if not failed:
-                return
-            self._pending = [entry for entry in self._pending if entry not in failed]
-        path, future = failed[0]
-        raise CheckpointWriteError(path, future.exception())  # type: ignore[arg-type]
-
-    def wait(self, keep_errors: bool = False) -> None:
-        """Block until every handed-over file is written; ``keep_errors``: leave a failed
-        write's error for the next caller.
-
-        Raises:
-            CheckpointWriteError: for the first write that failed (the others are waited for).
-        """
-        with self._lock:
-            pending = list(self._pending)
-        if not pending:
-            return
-        for _, future in pending:  # another thread waiting too returns no earlier
-            future.exception()
-        if keep_errors:
-            return
-        with self._lock:  # each error to one caller: the one that takes its entry
-            mine = [entry for entry in pending if entry in self._pending]
-            self._pending = [entry for entry in self._pending if entry not in pending]
-        for path, future in mine:
-            error = future.exception()
-            if error is not None:
-                raise CheckpointWriteError(path, error)
-
-
-_WRITER = _BackgroundWriter()
-
-
-def wait_for_writes(keep_errors: bool = False) -> None:
-    """Block until every checkpoint file this process handed to the background writer is
-    on disk. Every reader in this module calls it first.
-
-    Args:
-        keep_errors: raise nothing, and leave a failed write's error to the next call
-            that does (a caller that must only know the writing is over).
-
-    Raises:
-        CheckpointWriteError: a background write failed.
-    """
-    _WRITER.wait(keep_errors)
-
-
-def serialize_checkpoint(checkpoint: dict[str, Any]) -> memoryview:
-    """The bytes ``torch.save`` writes for ``checkpoint``: a snapshot, so that training
-    may change the tensors it holds as soon as this returns."""
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    return buffer.getbuffer()
+    atomic_write(Path(path), lambda handle: torch.save(obj, handle))
 
 
 def remove_leftovers(directory: str | Path) -> list[Path]:
@@ -337,7 +263,6 @@ def remove_leftovers(directory: str | Path) -> list[Path]:
     that a live process is still writing (its pid is in the name) is no leftover: a second
     run started into a busy directory must not break the first one's save before
     ``RunDirectoryLock`` stops it."""
-    wait_for_writes()  # this process's own writes in progress are no leftovers
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -365,17 +290,6 @@ def _written_by_another(temp: Path) -> bool:
     return True
 
 
-def _several_ranks() -> bool:
-    """Whether this process is one rank of several (a launcher may start them whatever
-    the Trainer's ``devices`` say: MPI, LSF, Kubeflow)."""
-    distributed = torch.distributed
-    return (
-        distributed.is_available()
-        and distributed.is_initialized()
-        and (distributed.get_world_size() > 1)
-    )
-
-
 def _caught_by_lightning(error: BaseException) -> bool:
     """Whether the frame handling ``error`` is Lightning's (the first of its traceback)."""
     traceback = error.__traceback__
@@ -391,30 +305,19 @@ class AtomicCheckpointIO(CheckpointIO):
     Lightning's own ``_atomic_save`` is atomic only when its temporary file and the target
     share a filesystem, and never fsyncs (Lightning issues #21253, #21800).
 
-    Args:
-        background_writes: serialize the checkpoint in ``save_checkpoint`` but write the
-            file (fsyncs included) in a helper thread, which a 12-14 ms save of the
-            default model leaves after 9.4-9.8 ms. The file appears a few milliseconds later:
-            ``load_checkpoint``, ``checkpoint_files`` and the other readers of this module
-            wait for it, as does ``teardown`` (the end of every ``fit``), but code that
-            opens the file itself must call ``wait_for_writes()`` first. The file's bytes
-            are held in memory until written (a copy of the checkpoint's size). For one
-            process only: under DDP another rank could look for the file before it is
-            there, so wherever a process group of several ranks is running, the save is
-            synchronous whatever this says.
+    Under ``ddp_spawn``/``ddp_fork`` Lightning hands the fitted weights back to the main
+    process in a weights-only temporary file: that one is loaded as the state dict it is
+    (still ``weights_only=True``), and removed with its temporary directory.
 
     Raises:
-        CheckpointWriteError: from the next save, ``teardown`` or reader, when a
-            background write failed (``teardown`` of a run that is failing anyway warns
-            instead, and the run's own error is raised).
+        CheckpointWriteError: from ``save_checkpoint``, the file could not be written.
 
     Example:
-        >>> trainer = pl.Trainer(plugins=[AtomicCheckpointIO(background_writes=True)])
+        >>> trainer = pl.Trainer(plugins=[AtomicCheckpointIO()])
     """
 
-    def __init__(self, background_writes: bool = False) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.background_writes = background_writes
         self._after_teardown: list[Callable[[], None]] = []
 
     def call_after_teardown(self, function: Callable[[], None]) -> None:
@@ -433,43 +336,19 @@ class AtomicCheckpointIO(CheckpointIO):
                 f"AtomicCheckpointIO.save_checkpoint got storage_options={storage_options!r}; "
                 "it writes local files and takes none"
             )
-        if not self.background_writes or _several_ranks():
-            failing = sys.exc_info()[1]  # a save in a callback's on_exception
-            try:
-                atomic_torch_save(checkpoint, path)
-            except BaseException:
-                if failing is not None and _caught_by_lightning(failing):
-                    # Lightning skips teardown when an on_exception raises: what was to
-                    # run after it (the run directory's release) runs now
-                    self._run_after_teardown()
-                raise
-            return
-        data = serialize_checkpoint(checkpoint)
-        _WRITER.wait(keep_errors=True)  # the previous file: written long ago
-        # This file is written even if the previous one failed (a preemption's checkpoint
-        # after a full disk freed up): that error is raised only once this one is handed over.
-        _WRITER.submit(Path(path), data)
-        _WRITER.raise_failed_before_last()
+        failing = sys.exc_info()[1]  # a save in a callback's on_exception
+        try:
+            atomic_torch_save(checkpoint, path)
+        except BaseException:
+            if failing is not None and _caught_by_lightning(failing):
+                # Lightning skips teardown when an on_exception raises: what was to
+                # run after it (the run directory's release) runs now
+                self._run_after_teardown()
+            raise
 
     @override
     def teardown(self) -> None:
-        # Lightning tears down inside its ``except`` when fit fails: raising here would
-        # replace the run's own error (the one a caller catches) with this one. Only an
-        # error caught in Lightning's code counts: a fit called in a caller's own
-        # ``except`` (a retry) that ends well still raises.
-        failing = sys.exc_info()[1]
-        try:
-            wait_for_writes()
-        except CheckpointWriteError as error:
-            if failing is None or not _caught_by_lightning(failing):
-                raise
-            warnings.warn(
-                f"{error} (a warning, not raised: the run is already failing with "
-                f"{type(failing).__name__}, which is raised instead)",
-                stacklevel=2,
-            )
-        finally:
-            self._run_after_teardown()
+        self._run_after_teardown()
 
     def _run_after_teardown(self) -> None:
         functions, self._after_teardown = self._after_teardown, []
@@ -485,14 +364,31 @@ class AtomicCheckpointIO(CheckpointIO):
                 f"refusing to load {path} with weights_only=False: lit-spikes checkpoints hold "
                 "only plain data, and full unpickling runs whatever code a file carries"
             )
+        if _spawn_handover(Path(path)):
+            state_dict = _load_file(Path(path))
+            if not isinstance(state_dict, dict):
+                raise CheckpointError(Path(path), "holds no state dict of the fitted weights")
+            return state_dict
         # A weights-only file passes here: validate and test need no more, and a fit is
         # refused by the module's on_load_checkpoint, which knows the Trainer's stage.
         return load_checkpoint(path, weights_enough=True)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:
-        wait_for_writes()  # or a pending write would put the file back
-        Path(path).unlink(missing_ok=True)
+        path = Path(path)
+        path.unlink(missing_ok=True)
+        if _spawn_handover(path):  # Lightning leaves its mkdtemp() directory behind
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def _spawn_handover(path: Path) -> bool:
+    """Whether ``path`` is the file in which Lightning's ``_MultiProcessingLauncher`` hands
+    the weights of ``ddp_spawn``/``ddp_fork``'s rank 0 back: ``<mkdtemp()>/.temp.ckpt``."""
+    temp_root = Path(tempfile.gettempdir()).resolve()
+    parent = path.parent.resolve()
+    return (
+        path.name == ".temp.ckpt" and parent.parent == temp_root and parent.name.startswith("tmp")
+    )
 
 
 def newest_valid_checkpoint(
@@ -511,7 +407,6 @@ def newest_valid_checkpoint(
 
     Raises:
         FileNotFoundError: no such directory, or no valid checkpoint in it.
-        CheckpointWriteError: as ``load_checkpoint``.
     """
     refused: list[str] = []
     candidates = [
