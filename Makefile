@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test lint bench tensorboard clean
+.PHONY: install demo figures test lint bench gpu-check tensorboard clean
 
 install: $(STAMP)
 
@@ -42,6 +42,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+	$(BIN)/python scripts/bench_library.py
+	$(BIN)/python scripts/bench_check_resume.py
+
+# On a GPU machine: exact resume on CUDA (32-true, bf16-mixed), the callbacks' cost and the
+# host syncs per step; without CUDA it checks the resume on the CPU and says what it skips.
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
 
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir runs

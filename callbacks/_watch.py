@@ -1,10 +1,12 @@
-"""The values the lit-spikes callbacks watch, measured once a step for all of them.
+"""The values the lit-spikes callbacks watch, measured once a step for all of them, and
+kept on the device: nothing here reads a tensor back to the host.
 
 A name is ``"loss"`` (what ``training_step`` returns), ``"grad_norm"`` (the total L2 norm
 of the gradients before any clipping, measured here) or a key of
 ``trainer.callback_metrics`` (what the module logs with ``self.log``, as ``EarlyStopping``
 reads it). Under several processes the values of every watched name of every watching
-callback are gathered from all ranks in one ``all_gather`` per step.
+callback are gathered from all ranks in one ``all_gather`` a step (on the device: no host
+sync either).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 LOSS, GRAD_NORM = "loss", "grad_norm"
 
@@ -34,9 +37,104 @@ def monitor_names(monitor: str | Sequence[str], owner: str) -> tuple[str, ...]:
 
 
 class Watcher(Callback):
-    """A callback that judges steps by watched values (``monitors``)."""
+    """A callback that judges steps by watched values (``monitors``) kept on the device:
+    each step it adds a row of them to ``_pending``, and ``read_back`` brings the rows of
+    every watcher of the Trainer to the host in one read, at the start of every
+    ``read_every``-th step (numbered from 0: every run reads at the same steps), at the
+    fit's end and when a checkpoint takes their state."""
 
     monitors: tuple[str, ...] = ()
+    read_every: int = 50
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[tuple[int, torch.Tensor]] = []
+        self._trainer: pl.Trainer | None = None
+
+    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+        """Judge the rows read back, in step order."""
+        raise NotImplementedError
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer, self._pending = trainer, []
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step % self.read_every == 0:
+            read_back(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        read_back(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = None
+
+    def _read_own(self) -> None:
+        """Read this watcher's rows back (with its Trainer's others, when it has one)."""
+        if self._trainer is not None:
+            read_back(self._trainer)
+        elif self._pending:
+            _read([self], None)
+
+
+def read_back(trainer: pl.Trainer) -> None:
+    """The pending rows of every watcher of ``trainer``, in one host read."""
+    callbacks: list[Callback] = getattr(trainer, "callbacks", [])  # set on it, untyped
+    _read([c for c in callbacks if isinstance(c, Watcher) and c._pending], trainer)
+
+
+def _read(watchers: list[Watcher], trainer: pl.Trainer | None) -> None:
+    if not watchers:
+        return
+    pending = [(w, w._pending) for w in watchers]
+    rows = [row.reshape(-1).double() for _, rows in pending for _, row in rows]
+    flat = torch.cat(rows).tolist()  # the one read
+    start = 0
+    for watcher, rows_of in pending:
+        watcher._pending = []
+        taken = []
+        for step, row in rows_of:
+            taken.append((step, flat[start : start + row.numel()]))
+            start += row.numel()
+        watcher._take(trainer, taken)
+
+
+@dataclass
+class Values:
+    """Each rank's values of some names at one step, on the device."""
+
+    names: list[str]
+    per_rank: torch.Tensor
+    """(world_size, len(names)) float64; NaN where a rank has none."""
+    present: torch.Tensor
+    """(world_size, len(names)) bool: which rank has a value of which name."""
+    here: list[bool]
+    """Whether this rank has each name (known on the host)."""
+
+    def reduced(self, how: str) -> torch.Tensor:
+        """(len(names),) float64: the ``"mean"`` of the ranks that have a value (their
+        shards being equal) or their ``"max"``; NaN where one of them is NaN or none has
+        one. The same float on every rank (the same gathered tensor, the same order)."""
+        if how == "max":
+            low = torch.full_like(self.per_rank, -math.inf)
+            top = torch.where(self.present, self.per_rank, low).amax(0)
+            return torch.where(self.present.any(0), top, math.nan)
+        total = torch.where(self.present, self.per_rank, 0.0).sum(0)
+        return total / self.present.sum(0)
+
+    def select(self, names: Sequence[str]) -> Values:
+        index = [self.names.index(n) for n in names]
+        return Values(
+            list(names),
+            self.per_rank[:, index],
+            self.present[:, index],
+            [self.here[i] for i in index],
+        )
 
 
 @dataclass
@@ -44,10 +142,9 @@ class _Step:
     step: int
     loss: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
-    gathered: dict[str, list[float | None]] = field(default_factory=dict)
-    """Each rank's value of each name gathered so far (None where a rank had none)."""
-    missing: set[str] = field(default_factory=set)
-    """Names no rank had when they were gathered."""
+    gathered: Values | None = None
+    extra: dict[str, Values] = field(default_factory=dict)
+    """Names gathered later in the step (logged after the first gather)."""
 
 
 _STEPS: weakref.WeakKeyDictionary[pl.Trainer, _Step] = weakref.WeakKeyDictionary()
@@ -75,19 +172,38 @@ def note_grad_norm(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             record.grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
-def _local(record: _Step, trainer: pl.Trainer, name: str, outputs: Any) -> float | None:
-    value: Any
+def _local(record: _Step, trainer: pl.Trainer, name: str, outputs: Any) -> Any:
     if name == LOSS:
         value = record.loss
         if value is None and isinstance(outputs, dict):
             value = outputs.get("loss")
-    elif name == GRAD_NORM:
-        value = record.grad_norm
-    else:
-        value = trainer.callback_metrics.get(name)
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().float()) if value.numel() == 1 else None
-    return float(value) if isinstance(value, int | float) else None
+        return value
+    if name == GRAD_NORM:
+        return record.grad_norm
+    return trainer.callback_metrics.get(name)
+
+
+def _gather(trainer: pl.Trainer, record: _Step, names: list[str], outputs: Any) -> Values:
+    device = trainer.strategy.root_device
+    values, here = [], []
+    for name in names:
+        value = _local(record, trainer, name, outputs)
+        usable = isinstance(value, torch.Tensor) and value.numel() == 1
+        here.append(usable or isinstance(value, int | float))
+        if isinstance(value, torch.Tensor) and usable:
+            values.append(value.detach().reshape(()).to(device, torch.float64))
+        else:  # a Python number, or none: filled on the device (a copy there would sync)
+            number = float(value) if here[-1] else math.nan
+            values.append(torch.full((), number, dtype=torch.float64, device=device))
+    local = torch.stack(values)  # (n,)
+    flags = torch.stack(
+        [torch.full((), float(h), dtype=torch.float64, device=device) for h in here]
+    )
+    if trainer.world_size == 1:
+        return Values(names, local[None], flags[None].bool(), here)
+    gathered = trainer.strategy.all_gather(torch.stack([local, flags]))
+    gathered = gathered.reshape(trainer.world_size, 2, len(names))
+    return Values(names, gathered[:, 0], gathered[:, 1].bool(), here)
 
 
 def _all_monitors(trainer: pl.Trainer) -> list[str]:
@@ -99,41 +215,28 @@ def _all_monitors(trainer: pl.Trainer) -> list[str]:
     return names
 
 
-def rank_values(
+def step_values(
     trainer: pl.Trainer, step: int, names: Sequence[str], outputs: Any = None
-) -> dict[str, list[float | None]]:
-    """Each rank's value of each of ``names`` at ``step`` (None for a rank that had none),
-    in rank order; a name no rank had is left out. Gathered once a step for the names of
-    every watching callback of the Trainer, the same on every rank."""
+) -> Values:
+    """Each rank's values of ``names`` at ``step``, on the device. Gathered once a step for
+    the names of every watching callback of the Trainer; a name this rank did not have at
+    that gather but has now (logged later in the step) is gathered again."""
     record = _record(trainer, step)
-    # Every watcher's names at once (one gather a step), but none found missing already,
-    # unless asked for again (a metric logged after the first gather of the step).
-    wanted = [n for n in _all_monitors(trainer) if n not in record.missing]
-    wanted = [n for n in dict.fromkeys([*wanted, *names]) if n not in record.gathered]
-    if wanted:
-        local = [_local(record, trainer, n, outputs) for n in wanted]
-        row = [[math.nan if v is None else v for v in local], [float(v is not None) for v in local]]
-        if trainer.world_size == 1:
-            ranks = [row]
-        else:
-            # On the strategy's device: NCCL gathers only tensors on the GPU.
-            mine = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-            gathered = trainer.strategy.all_gather(mine).reshape(trainer.world_size, 2, -1)
-            ranks = gathered.tolist()
-        for index, name in enumerate(wanted):
-            if any(rank[1][index] for rank in ranks):
-                record.gathered[name] = [r[0][index] if r[1][index] else None for r in ranks]
-                record.missing.discard(name)
-            else:
-                record.missing.add(name)
-    return {n: record.gathered[n] for n in names if n in record.gathered}
-
-
-def reduce_ranks(values: list[float | None], how: str) -> float:
-    """One value from the ranks' that have one (``how``: ``"mean"`` of equal shards, or
-    ``"max"``), in rank order, so every rank computes the same float; NaN anywhere makes
-    it NaN."""
-    present = [v for v in values if v is not None]
-    if any(math.isnan(v) for v in present):
-        return math.nan
-    return max(present) if how == "max" else sum(present) / len(present)
+    if record.gathered is None:
+        wanted = list(dict.fromkeys([*_all_monitors(trainer), *names]))
+        record.gathered = _gather(trainer, record, wanted, outputs)
+    first = record.gathered
+    late = [n for n in names if n not in first.names or not first.here[first.names.index(n)]]
+    late = [
+        n for n in late if n not in record.extra and _local(record, trainer, n, outputs) is not None
+    ]
+    if late:
+        again = _gather(trainer, record, late, outputs)
+        record.extra.update({n: again.select([n]) for n in late})
+    parts = [record.extra[n] if n in record.extra else first.select([n]) for n in names]
+    return Values(
+        list(names),
+        torch.cat([p.per_rank for p in parts], dim=1),
+        torch.cat([p.present for p in parts], dim=1),
+        [p.here[0] for p in parts],
+    )

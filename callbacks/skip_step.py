@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lit_spikes.callbacks._common import check_finite_above, check_integer
@@ -19,40 +20,47 @@ from lit_spikes.callbacks._watch import (
     monitor_names,
     note_grad_norm,
     note_loss,
-    rank_values,
-    reduce_ranks,
+    step_values,
 )
+from lit_spikes.callbacks._watch import _read as read_now
 
 
 class SkipStep(Watcher):
     r"""Skips the optimizer update of a step whose loss (or gradient norm) is above
-    ``mean + sigma x std`` of the last ``window`` steps (OLMo-core's ``SkipStepOptimizer``:
-    6 sigma over 128 steps).
+    ``mean + sigma x std`` of the last ``window`` finite values (OLMo-core's
+    ``SkipStepOptimizer``: 6 sigma over 128 steps).
 
-    The decision is taken in ``on_before_optimizer_step``, after backward and before any
-    clipping: a skipped step has every ``p.grad`` set to None, so ``torch.optim.AdamW``
-    leaves those parameters out entirely: no weight decay, no moment update, no change of
-    its ``step`` count (zeroing the gradients instead would still let weight decay and the
-    momentum move the weights). The global step and the LR schedule go on, as for any step.
-    ``training_step`` is never made to return None, which Lightning refuses under DDP.
+    The decision is taken on the device in ``on_before_optimizer_step``, after backward
+    and before any clipping, and no value is read back to the host for it: the optimizer
+    step runs, and a step post-hook puts back every parameter and every optimizer state
+    tensor (AdamW's moments and step count) as a snapshot held them before it
+    (``torch.where`` on the decision): a skipped step leaves them exactly as they were, no
+    weight decay, no moment update, no step count. The global step and the LR schedule go
+    on, as for any step. The snapshot is taken only from the step at which a skip is
+    possible (``start_step``, and ``warmup`` values seen): it holds a copy of the
+    parameters and the optimizer state during each step. (An optimizer whose step counts
+    live on the CPU while its parameters are on a GPU, as AdamW's default, copies the
+    decision to the CPU for them: pass AdamW ``capturable=True`` or ``fused=True``.)
 
     Under several processes the value judged is the global one, the same on every rank:
-    the ranks' values are gathered (one ``all_gather`` a step for every watching callback)
-    and averaged in rank order; the gradient norm is measured after DDP averaged the
-    gradients, so it is identical already. Every rank thus holds the same window and skips
-    the same steps.
+    the ranks' values are gathered on the device (one ``all_gather`` a step for every
+    watching callback) and averaged in rank order; the gradient norm is measured after
+    DDP averaged the gradients, so it is identical already. Every rank thus holds the same
+    window and skips the same steps.
 
     Every finite value enters the window, skipped ones too (as in OLMo-core), so a loss
     that settles on a higher level stops being skipped. The window and the skipped steps
     (the last ``max_records``) are the callback's state (``state_dict``), bounded however
     long the run: a run resumed from a checkpoint decides exactly as the uninterrupted one.
-    A skipped step is logged as ``skip_step/skipped`` and listed in ``skipped_steps``.
+    The decisions come back to the host every 50 steps, at a checkpoint and at the fit's
+    end (for the record only: they never wait for the host): then ``skipped_steps`` lists
+    them and ``skip_step/skipped`` is logged at each skipped step.
 
     Args:
         monitor: ``"loss"`` (what ``training_step`` returns), ``"grad_norm"`` (measured
             before clipping), or a key of ``trainer.callback_metrics`` logged in
             ``training_step``.
-        window: steps in the rolling window.
+        window: values in the rolling window.
         sigma: skip a step whose value exceeds the window's mean + ``sigma`` x std.
         warmup: values in the window before any step can be skipped (None: ``window // 2``,
             at least 2).
@@ -68,7 +76,7 @@ class SkipStep(Watcher):
         >>> skip = SkipStep(monitor="loss", window=128, sigma=6.0)
         >>> trainer = pl.Trainer(callbacks=[skip])
         >>> trainer.fit(module, datamodule=dm)
-        >>> skip.skipped_steps  # [150]
+        >>> skip.skipped_steps  # deque([150])
     """
 
     def __init__(
@@ -100,6 +108,12 @@ class SkipStep(Watcher):
         self.max_records = check_integer("max_records", max_records, 1)
         self.values: deque[float] = deque(values[-window:], maxlen=window)
         self.skipped_steps: deque[int] = deque(maxlen=self.max_records)
+        self._window: torch.Tensor | None = None
+        self._seen = len(self.values)
+        """Values judged (initial ones too): a skip is possible from ``warmup`` on."""
+        self._hooks: list[RemovableHandle] = []
+        self._saved: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
+        self._skip: torch.Tensor | None = None
 
     @property
     @override
@@ -112,22 +126,63 @@ class SkipStep(Watcher):
             start_step=self.start_step,
         )
 
+    def _window_on(self, device: torch.device) -> torch.Tensor:
+        """The window on ``device``, oldest first, NaN in the slots not filled yet."""
+        if self._window is None or self._window.device != device:
+            values = [math.nan] * (self.window - len(self.values)) + list(self.values)
+            self._window = torch.tensor(values, dtype=torch.float64, device=device)
+        return self._window
+
+    def _judge(self, step: int, value: torch.Tensor) -> torch.Tensor:
+        """Decide one step on the value's device (a 0-dim bool), then add the value to the
+        window if it is finite; nothing is read back."""
+        window = self._window_on(value.device)
+        filled = torch.isfinite(window)
+        count = filled.sum()
+        mean = torch.where(filled, window, 0.0).sum() / count
+        spread = torch.where(filled, (window - mean) ** 2, 0.0).sum() / (count - 1)
+        finite = torch.isfinite(value)
+        skip = finite & (count >= self.warmup) & (value > mean + self.sigma * spread.sqrt())
+        if step < self.start_step:
+            skip = torch.zeros_like(skip)
+        self._window = torch.where(finite, torch.cat([window[1:], value[None]]), window)
+        self._pending.append((step, torch.stack([value, skip.double()])))
+        self._seen += 1
+        return skip
+
+    @override
+    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+        # ``values`` and ``skipped_steps`` follow the device's decisions; each skipped step
+        # is logged at its step.
+        for step, (value, skipped) in rows:
+            if math.isfinite(value):
+                self.values.append(value)
+            if skipped:
+                self.skipped_steps.append(step)
+                for logger in trainer.loggers if trainer is not None else []:
+                    logger.log_metrics({"skip_step/skipped": 1.0}, step=step)
+
     def threshold(self) -> float | None:
-        """The value above which the next step is skipped (None: the window is too short)."""
+        """The value above which the next step is skipped (None: too few values), from
+        the decisions read back (for inspection: training decides on the device)."""
+        self._read_own()
         if len(self.values) < self.warmup:
             return None
         return statistics.fmean(self.values) + self.sigma * statistics.stdev(self.values)
 
     def decide(self, step: int, value: float) -> bool:
-        """Judge one step's (global) value, then add it to the window; True: skip it."""
-        if not math.isfinite(value):
-            return False  # not a value to judge by (the module's own guard drops it)
-        limit = self.threshold()
-        skip = step >= self.start_step and limit is not None and value > limit
-        self.values.append(value)
-        if skip:
-            self.skipped_steps.append(step)
-        return skip
+        """Judge one step's (global) value, then add it to the window; True: skip it (a
+        host read: outside of training)."""
+        skip = self._judge(step, torch.tensor(float(value), dtype=torch.float64))
+        read_now([self], self._trainer)
+        return bool(skip)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._remove_hooks()
+        for optimizer in trainer.optimizers:
+            self._hooks.append(optimizer.register_step_pre_hook(self._snapshot))
+            self._hooks.append(optimizer.register_step_post_hook(self._restore))
 
     @override
     def on_before_backward(
@@ -140,23 +195,58 @@ class SkipStep(Watcher):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         step = trainer.global_step
-        note_grad_norm(trainer, pl_module)  # for every watcher, before this drops it
-        values = rank_values(trainer, step, self.monitors)
-        if self.monitor not in values:
+        note_grad_norm(trainer, pl_module)  # for every watcher, once a step
+        values = step_values(trainer, step, self.monitors)
+        if not values.here[0]:
             return  # nothing to judge by (no loss: the module skipped the batch)
-        if not self.decide(step, reduce_ranks(values[self.monitor], "mean")):
+        self._skip = self._judge(step, values.reduced("mean")[0])
+
+    def _may_skip(self, step: int) -> bool:
+        return step >= self.start_step and self._seen >= self.warmup
+
+    def _snapshot(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
+        # Before the step (and before the closure computes this step's gradients).
+        trainer = self._trainer
+        self._skip, self._saved = None, []
+        if trainer is None or not self._may_skip(trainer.global_step):
             return
-        for parameter in pl_module.parameters():
-            parameter.grad = None
-        for logger in trainer.loggers:  # straight to the loggers, at this step only
-            logger.log_metrics({"skip_step/skipped": 1.0}, step=step)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                kept = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+                self._saved.append((param, param.detach().clone(), kept))
+
+    def _restore(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
+        skip, saved = self._skip, self._saved
+        self._saved = []
+        if skip is None or not saved:
+            return
+        with torch.no_grad():
+            for param, before, state in saved:
+                param.copy_(torch.where(skip.to(param.device), before, param))
+                now = optimizer.state.get(param, {})
+                for key, old in state.items():
+                    if key in now:
+                        now[key].copy_(torch.where(skip.to(old.device), old, now[key]))
+
+    def _remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._saved, self._skip = [], [], None
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._remove_hooks()
+        super().teardown(trainer, pl_module, stage)
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        self._read_own()  # a checkpoint holds every decision so far
         # The configuration rides along so a checkpoint says how to rebuild the callback.
         return {
             "values": list(self.values),
             "skipped_steps": list(self.skipped_steps),
+            "seen": self._seen,
             "monitor": self.monitor,
             "window": self.window,
             "sigma": self.sigma,
@@ -170,3 +260,5 @@ class SkipStep(Watcher):
         self.skipped_steps = deque(
             (int(s) for s in state_dict["skipped_steps"]), maxlen=self.max_records
         )
+        self._seen = int(state_dict.get("seen", len(self.values)))
+        self._window, self._pending = None, []

@@ -21,8 +21,8 @@ from lit_spikes.callbacks._watch import (
     monitor_names,
     note_grad_norm,
     note_loss,
-    rank_values,
-    reduce_ranks,
+    read_back,
+    step_values,
 )
 
 
@@ -56,13 +56,21 @@ class SpikeDetector(Watcher):
     broken and whose indices are per-epoch batch indices; ours are global steps and
     restore). Ours: 1.4x the mean of the last 20 steps, after 20 steps.
 
+    The values stay on the device and come back to the host every ``read_every`` steps
+    (one read for all of them; steps numbered from 0, so every run reads at the same
+    steps), at a checkpoint and at the fit's end; then each step is judged in order. A
+    spike is recorded, logged and, with ``action="stop"``, stops the run at that read: at
+    most ``read_every - 1`` steps after the spike (``read_every`` defaults to 1 for
+    ``action="stop"``, a stop at the spike's own step and one read a step, and to 50 for
+    ``action="log"``).
+
     Under several processes (DDP) the value judged is the global one: every watched value
-    of every lit-spikes callback is gathered from all ranks in one ``all_gather`` a step,
-    and reduced in rank order (``reduce``: the mean of the ranks' values, their shards being
-    equal, or the largest), so every rank holds the same reference, flags the same steps
-    and, with ``action="stop"``, stops at the same step (a rank stopping alone would leave
-    the others waiting in the gradient all-reduce). Each spike record then also holds
-    ``rank_values``, to show which shard it came from.
+    of every lit-spikes callback is gathered from all ranks in one ``all_gather`` a step
+    (on the device), and reduced in rank order (``reduce``: the mean of the ranks'
+    values, their shards being equal, or the largest), so every rank holds the same
+    reference, flags the same steps and, with ``action="stop"``, stops at the same step
+    (a rank stopping alone would leave the others waiting in the gradient all-reduce).
+    Each spike record then also holds ``rank_values``, to show which shard it came from.
 
     Args:
         monitor: what to watch, a name or a list: ``"loss"``, the loss ``training_step``
@@ -83,6 +91,8 @@ class SpikeDetector(Watcher):
             (as ``EarlyStopping(strict=True)``); False: that step is not judged.
         reduce: ``"mean"`` or ``"max"`` of the ranks' values under several processes.
         max_records: spikes kept in the state (the latest).
+        read_every: steps between the reads that bring the values back to judge them
+            (None: 1 for ``action="stop"``, 50 for ``action="log"``).
 
     Raises:
         ValueError: an argument out of range, or neither threshold given.
@@ -109,6 +119,7 @@ class SpikeDetector(Watcher):
         strict: bool = True,
         reduce: Literal["mean", "max"] = "mean",
         max_records: int = 1000,
+        read_every: int | None = None,
     ) -> None:
         super().__init__()
         self.monitor = monitor
@@ -135,6 +146,8 @@ class SpikeDetector(Watcher):
         self.min_step = check_integer("min_step", min_step, 0)
         self.max_records = check_integer("max_records", max_records, 1)
         self.verbose, self.strict = verbose, strict
+        default_every = 1 if action == "stop" else 50
+        self.read_every = check_integer("read_every", read_every or default_every, 1)
         self.spikes: deque[dict[str, Any]] = deque(maxlen=self.max_records)
         self.num_spikes = 0
         self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in self.monitors}
@@ -221,21 +234,48 @@ class SpikeDetector(Watcher):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
         step = trainer.global_step - 1  # the step just trained: the optimizer counted it
-        per_rank = rank_values(trainer, step, self.monitors, outputs)
-        self._check_present(trainer, per_rank)
-        values = {m: reduce_ranks(v, self.reduce) for m, v in per_rank.items()}
-        found = self.check(step, values, per_rank if trainer.world_size > 1 else None)
-        # Straight to the loggers: `self.log` would repeat the last value on every later step.
+        values = step_values(trainer, step, self.monitors, outputs)
+        self._check_present(trainer, values.here)
+        parts = [values.reduced(self.reduce), values.present.any(0).double()]
+        if trainer.world_size > 1:  # each rank's values too, to show which shard it was
+            parts += [values.per_rank.flatten(), values.present.double().flatten()]
+        self._pending.append((step, torch.cat(parts)))
+        if self.read_every == 1:
+            read_back(trainer)  # now, for a stop at the spike's own step
+
+    @override
+    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+        count, world = len(self.monitors), trainer.world_size if trainer is not None else 1
+        for step, row in rows:
+            values = {m: row[i] for i, m in enumerate(self.monitors) if row[count + i]}
+            per_rank: dict[str, list[float | None]] | None = None
+            if world > 1:
+                ranks, flags = row[2 * count : 2 * count + world * count], row[-world * count :]
+                per_rank = {
+                    m: [
+                        ranks[r * count + i] if flags[r * count + i] else None for r in range(world)
+                    ]
+                    for i, m in enumerate(self.monitors)
+                }
+            self._report(trainer, self.check(step, values, per_rank))
+
+    def _report(self, trainer: pl.Trainer | None, found: list[dict[str, Any]]) -> None:
+        # Straight to the loggers at the spike's step: `self.log` would repeat the last
+        # value on every later step.
         for spike in found:
-            for logger in trainer.loggers:
+            for logger in trainer.loggers if trainer is not None else []:
                 logger.log_metrics({f"spike/{spike['metric']}": spike["value"]}, step=spike["step"])
             if self.verbose:
                 rank_zero_info(describe_spike(spike, self.action))
-        if found and self.action == "stop":
+        if found and self.action == "stop" and trainer is not None:
             trainer.should_stop = True
 
-    def _check_present(self, trainer: pl.Trainer, per_rank: dict[str, Any]) -> None:
-        missing = [m for m in self.monitors if m not in per_rank and m not in (LOSS, GRAD_NORM)]
+    def _check_present(self, trainer: pl.Trainer, here: list[bool]) -> None:
+        missing = [
+            m
+            for m, present in zip(self.monitors, here, strict=True)
+            if not present and m not in (LOSS, GRAD_NORM)
+        ]
         if missing and self.strict:
             there = sorted(trainer.callback_metrics)
             raise RuntimeError(
@@ -252,6 +292,7 @@ class SpikeDetector(Watcher):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        self._read_own()  # a checkpoint holds every step judged so far
         return {
             "spikes": [dict(s) for s in self.spikes],
             "num_spikes": self.num_spikes,

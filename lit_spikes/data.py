@@ -28,11 +28,11 @@ from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.loader import (
     StepLoader,
     check_new_skips,
-    check_shard,
     mix_seed,
     normalize_skip,
     position_of_step,
 )
+from lit_spikes.loader import check_shard as _check_shard
 from lit_spikes.stacklevel import outside_lightning
 from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
 
@@ -170,6 +170,11 @@ def data_config_differences(saved: dict[str, Any] | None, current: DataConfig) -
     if saved is None:
         return []
     return config_differences(saved, asdict(current), RESUME_DATA_CHANGES)
+
+
+def check_shard(batch_size: int, rank: int, world_size: int) -> None:
+    """``StepLoader``'s check of a rank's share, naming the data config's field."""
+    _check_shard(batch_size, rank, world_size, name="DataConfig.batch_size")
 
 
 VIRTUAL_POSITIONS = 2**40

@@ -12,9 +12,11 @@ batch.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -190,7 +192,7 @@ class StepLoader:
         self.batches_per_epoch = rows // batch_size
         self.next_step = 0
         """The global step whose batch comes next."""
-        self._orders: dict[int, torch.Tensor] = {}
+        self._orders: dict[int, np.ndarray[Any, Any]] = {}
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -216,12 +218,13 @@ class StepLoader:
             raise ValueError(f"step={step!r} must be an integer >= 0")
         self.next_step = step
 
-    def order(self, epoch: int) -> torch.Tensor:
+    def order(self, epoch: int) -> np.ndarray[Any, Any]:
         """The dataset indices of data epoch ``epoch`` in training order (shuffled only)."""
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             full = torch.randperm(len(self.dataset), generator=generator)  # type: ignore[arg-type]
-            self._orders = {epoch: full}  # one epoch kept: steps walk forward
+            # As NumPy: a step's rows are then Python ints without a tensor read each step.
+            self._orders = {epoch: full.numpy()}  # one epoch kept: steps walk forward
         return self._orders[epoch]
 
     def rows_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> list[int]:
@@ -255,11 +258,14 @@ class StepLoader:
 
     def iter_from(self, step: int, rank: int = 0, world_size: int = 1) -> Iterator[Any]:
         """Rank ``rank``'s batches of steps ``step, step + 1, ...``, endless, outside of any
-        Trainer (plain loops, tests); ``next_step`` is left as it is."""
+        Trainer (plain loops, tests); ``next_step`` is left as it is.
+
+        Raises:
+            ValueError: a rank or world size that cannot share the global batch (at once).
+        """
+        check_shard(self.batch_size, rank, world_size)
         if self.num_workers == 0:
-            while True:
-                yield self.batch_of_step(step, rank, world_size)
-                step += 1
+            return (self.batch_of_step(s, rank, world_size) for s in itertools.count(step))
         loader = DataLoader(
             self.dataset,
             batch_sampler=_StepSampler(self, step, rank, world_size),
@@ -268,7 +274,7 @@ class StepLoader:
             pin_memory=self.pin_memory,
             generator=torch.Generator().manual_seed(self.seed),  # not the global RNG
         )
-        yield from loader
+        return iter(loader)
 
     def state_dict(self) -> dict[str, Any]:
         """Lightning saves it in the checkpoint's loop state (a resume restores it)."""

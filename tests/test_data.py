@@ -115,7 +115,7 @@ def test_a_cpu_batch_is_not_walked_for_a_cpu_run(tmp_path: Path) -> None:
     from tests.conftest import fit
 
     datamodule = StepDataModule(DataConfig())
-    batch = datamodule.stream(0).batch_of_step(0)
+    batch = datamodule.loader.batch_of_step(0)
     assert datamodule.transfer_batch_to_device(batch, torch.device("cpu"), 0) is batch
     moved = datamodule.transfer_batch_to_device(batch, torch.device("meta"), 0)
     assert moved is not batch and all(v.device.type == "meta" for v in moved.values())

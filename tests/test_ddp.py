@@ -134,7 +134,7 @@ def _worker(spec_path: str) -> None:
         "should_stop": trainer.should_stop,
         "history": module.history,
         "nonfinite_steps": module.nonfinite_steps,
-        "spikes": detector.spikes if detector is not None else [],
+        "spikes": list(detector.spikes) if detector is not None else [],
         "val_bpc": float(bpc) if bpc is not None else None,
     }
     out = Path(spec["out"]) / f"{spec['name']}.rank{trainer.global_rank}.json"
@@ -256,10 +256,10 @@ class _Trainer:
 
 
 def test_every_watched_value_of_every_callback_is_gathered_once_a_step() -> None:
-    """One all_gather a step for all watchers' names; mean, largest (NaN wins), and a
-    value only from the ranks that had one."""
+    """One all_gather a step for all watchers' names, on the strategy's device; mean,
+    largest (NaN wins), and a value only from the ranks that had one."""
     from lit_spikes.callbacks import SkipStep
-    from lit_spikes.callbacks._watch import note_loss, rank_values, reduce_ranks
+    from lit_spikes.callbacks._watch import note_loss, step_values
 
     detector = SpikeDetector(monitor=["loss", "train/max_logit"], warmup=0, reduce="max")
     skip = SkipStep(monitor="grad_norm")
@@ -271,16 +271,14 @@ def test_every_watched_value_of_every_callback_is_gathered_once_a_step() -> None
     )
     strategy = _Strategy(gathered)
     trainer: Any = _Trainer(strategy, [detector, skip])
-    note_loss(trainer, torch.tensor(4.0))
-    first = rank_values(trainer, 5, ["grad_norm"])
-    later = rank_values(trainer, 5, ["loss", "train/max_logit"])
+    note_loss(trainer, torch.tensor(4.0, device="meta"))
+    first = step_values(trainer, 5, ["grad_norm"])
+    later = step_values(trainer, 5, ["loss", "train/max_logit"])
     assert strategy.calls == 1
-    assert first == {"grad_norm": [None, 3.0]}
-    assert later["loss"] == [4.0, 2.0] and later["train/max_logit"][0] == 5.0
-    assert math.isnan(later["train/max_logit"][1])
-    assert reduce_ranks(later["loss"], "mean") == 3.0
-    assert math.isnan(reduce_ranks(later["train/max_logit"], "max"))
-    assert reduce_ranks(first["grad_norm"], "mean") == 3.0
+    assert first.reduced("mean").tolist() == [3.0]  # rank 0 had no gradient norm
+    assert later.reduced("mean")[0].item() == 3.0
+    assert torch.isnan(later.reduced("max")[1])
+    assert later.per_rank[:, 0].tolist() == [4.0, 2.0]
 
 
 # ------------------------------------------------------------------ 2 DDP processes each

@@ -48,4 +48,4 @@ def test_default_run_spikes_after_warmup_and_halving_the_lr_is_better(tmp_path: 
     for record in reference.history[:100] + halved.history:
         on_halved.check(int(record["step"]), record)
     assert on_reference.onsets and on_reference.onsets[0] in range(onset - 2, onset + 3)
-    assert on_halved.spikes == []
+    assert list(on_halved.spikes) == []

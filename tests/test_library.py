@@ -343,3 +343,18 @@ def test_the_example_trains_resumes_and_remedies(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "equals the uninterrupted one, bit for bit" in result.stdout
     assert "flagged at step 30" in result.stdout and "without a spike" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_its_cpu_path(tmp_path: Path) -> None:
+    """CI has no GPU: `make gpu-check` still proves the resume there and says what it skips."""
+    result = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(": bit-equal") == 4, result.stdout
+    assert "no CUDA device: skipping" in result.stdout
