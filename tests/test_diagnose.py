@@ -382,3 +382,79 @@ def test_an_earlier_file_of_a_recover_branchs_parent_replays_with_the_branchs_re
     with_parent = diagnose(ckpt, 41, earlier_ckpt=root / "base" / "checkpoints" / "step=20.ckpt")
     assert alone.cause == with_parent.cause == "data-caused", with_parent.evidence
     assert with_parent.earlier is not None and with_parent.earlier.bit_equal
+
+
+# ------------------------------------------------------------------ the verdict's rules
+
+
+def replay(flagged: list[int], bit_equal: bool | None, loss: float = 3.0) -> Any:
+    """A replay of plain numbers: the verdict depends on nothing else."""
+    from lit_spikes.diagnose import Replay
+
+    return Replay("r", 20, None, loss, loss, 10.0, flagged, bit_equal, 40)
+
+
+@pytest.mark.parametrize(
+    ("same", "other", "earlier", "cause"),
+    [
+        ((28,), (), None, "data-caused"),  # gone without its data
+        ((28,), (30,), None, "state-caused"),  # still spikes (even moved) without it
+        ((28,), (), True, "data-caused"),  # (c) repeats the history to the bit
+        ((28,), (30,), False, "not-reproducible"),  # (c) does not: the later state is odd
+    ],
+)
+def test_the_verdict_follows_the_replays_numbers(
+    same: tuple[int, ...], other: tuple[int, ...], earlier: bool | None, cause: str
+) -> None:
+    from lit_spikes.diagnose import verdict_cause
+
+    earlier_replay = None if earlier is None else replay([28], earlier)
+    assert verdict_cause(
+        28, replay(list(same), True), replay(list(other), None), earlier_replay
+    ) == (cause)
+
+
+def test_the_same_data_replay_alone_decides_no_spike_and_a_fault() -> None:
+    from lit_spikes.diagnose import cause_from_same_data, verdict_cause
+
+    assert cause_from_same_data(28, replay([29], True)) == "no-spike"  # back, not flagged there
+    assert cause_from_same_data(28, replay([], None)) == "no-spike"  # cannot be told apart
+    assert cause_from_same_data(28, replay([28], False)) == "not-reproducible"  # another loss
+    assert cause_from_same_data(28, replay([], False)) == "not-reproducible"
+    assert cause_from_same_data(28, replay([28], None)) is None  # back: (b) decides
+    assert verdict_cause(28, replay([28], False), None) == "not-reproducible"
+    with pytest.raises(ValueError, match="replay \\(b\\) must decide"):
+        verdict_cause(28, replay([28], True), None)
+
+
+def test_one_diagnosis_reads_each_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's data config, the step checks, the earlier file's check, the remedies and
+    the replays of one file share one read of it; each replay's fit reads its file once
+    more (Lightning restores from the path). It was read 7 times, the earlier file 4."""
+    import lit_spikes.checkpoints as checkpoints_module
+    from lit_spikes.diagnose import Verdict
+
+    data = replace(TINY_DATA, poison=(28,))
+    original_run(tmp_path, "poison", data, [])
+    ckpt = checkpoint_path(tmp_path / "poison", K)
+    earlier = checkpoint_path(tmp_path / "poison", EARLIER)
+    original = checkpoints_module.load_checkpoint
+    reads: list[Path] = []
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(Path(path).resolve())
+        return original(path, *args, **kwargs)
+
+    checkpoints_module._file_step.cache_clear()  # checkpoint_step's memo of earlier runs
+    for name, module in list(sys.modules.items()):
+        ours = name.startswith(("lit_spikes.checkpoints", "lit_spikes.diagnose"))
+        if ours and getattr(module, "load_checkpoint", None) is original:
+            monkeypatch.setattr(module, "load_checkpoint", counting)
+    argv = ["diagnose", "--ckpt", str(ckpt), "--spike-step", "28", "--poison", "28"]
+    verdict = cli_main([*argv, "--earlier-ckpt", str(earlier)])
+    assert isinstance(verdict, Verdict) and verdict.cause == "data-caused"  # (a), (b), (c) ran
+    # once for the diagnosis, once for each replay's fit: (a) and (b) from ckpt, (c) earlier
+    assert reads.count(ckpt.resolve()) == 1 + 2, reads
+    assert reads.count(earlier.resolve()) == 1 + 1, reads

@@ -184,7 +184,7 @@ def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path:
     [
         ("yaml", "is not valid YAML"),
         ("list", "holds a list, not a mapping of settings"),
-        ("ledger_version", "ledger version 2 is not 1"),
+        ("ledger_version", "ledger.json has format version 2; this lit-spikes reads version 1"),
         ("ledger_torn", "is unreadable"),
         ("file_root", "is a file, not a directory"),
         ("gpt_list", "RecoverConfig gpt: [1, 2] is not a mapping of its fields"),
@@ -215,14 +215,45 @@ def test_recover_bad_input_is_a_usage_error_naming_it(
     assert message in capsys.readouterr().err
 
 
+def test_a_ledger_or_history_of_an_unknown_format_version_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """Each file names its format version; one this code does not read is refused with the
+    file, the version found and the versions it reads, before anything else is trusted."""
+    from lit_spikes.recover import LedgerUnreadable
+
+    (tmp_path / LEDGER_NAME).write_text('{"version": 2, "config": {}}')
+    with pytest.raises(LedgerUnreadable) as ledger_error:
+        read_ledger(tmp_path)
+    expected = f"{tmp_path / LEDGER_NAME} has format version 2; this lit-spikes reads version 1"
+    assert expected in str(ledger_error.value)
+    history = tmp_path / HISTORY_NAME
+    history.write_text('{"history_version": 7}\n{"step": 0, "loss": 1.0}\n')
+    with pytest.raises(LedgerUnreadable) as history_error:
+        read_history(history)
+    expected = f"{history} has format version 7; this lit-spikes reads version 1"
+    assert expected in str(history_error.value)
+
+
+def test_a_history_file_begins_with_its_format_version(tmp_path: Path) -> None:
+    from lit_spikes.recover.history import write_history
+
+    history, records = tmp_path / HISTORY_NAME, [{"step": 0, "loss": 1.5}, {"val_step": 1}]
+    write_history(history, records)
+    assert history.read_text().splitlines()[0] == '{"history_version": 1}'
+    assert read_history(history) == records
+    history.write_text('{"step": 0, "loss": 1.5}\n')  # written before the version line
+    assert read_history(history) == [{"step": 0, "loss": 1.5}]
+
+
 def test_one_remedy_or_metric_alone_is_a_list_of_one_not_of_letters(tmp_path: Path) -> None:
     from lit_spikes.recover import build_parser, config_from_args
 
     config = tmp_path / "recover.yaml"
-    config.write_text("ladder: scale_lr\ndetector: {metrics: grad_norm}\ndata:\n")
+    config.write_text("ladder: scale_lr\ndetector: {monitor: grad_norm}\ndata:\n")
     parser = build_parser()
     loaded = config_from_args(parser.parse_args(["--config", str(config), "--data-seed", "1"]))
-    assert loaded.ladder == ("scale_lr",) and loaded.detector.metrics == ("grad_norm",)
+    assert loaded.ladder == ("scale_lr",) and loaded.detector.monitor == ("grad_norm",)
     assert loaded.data.seed == 1  # an empty data: section takes the flag
 
 
@@ -260,6 +291,8 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
         for name in intervention.tried:  # every branch resumed from that very file
             records = steps_of(read_history(root / name / HISTORY_NAME))
             assert records[0]["step"] == intervention.ckpt_step
+            first_line = (root / name / HISTORY_NAME).read_text().splitlines()[0]
+            assert first_line == '{"history_version": 1}'  # its format, first
             assert ledger.branch(name).ckpt_path == intervention.ckpt_path
     assert ledger.branch("spike2/skip_data").remedies == [
         {"kind": "skip_data", "ranges": [[26, 32]]},  # the accepted remedy stays on
@@ -277,7 +310,7 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
     detector = SpikeDetector(min_step=4)
     for record in lineage:
         detector.check(int(record["step"]), record)
-    assert detector.spikes == []
+    assert list(detector.spikes) == []  # a deque
     final = load_checkpoint(uninterrupted.final_ckpt)
     assert final["global_step"] == N
     assert uninterrupted.final_ckpt == root / "spike2/skip_data/checkpoints" / f"step={N}.ckpt"
@@ -464,7 +497,7 @@ def _signalled_worker(log_root: str, signal_name: str) -> None:
     writes a checkpoint, the command exits with 130."""
     import functools
 
-    import lit_spikes.recover as recover_module
+    import lit_spikes.recover.cli as recover_cli
 
     signum = signal.Signals[signal_name]
 
@@ -476,8 +509,9 @@ def _signalled_worker(log_root: str, signal_name: str) -> None:
     spec.pop("log_root")
     config_file = Path(log_root).with_suffix(".json")
     config_file.write_text(json.dumps(spec))
-    recover_module.recover = functools.partial(recover_module.recover, extra_callbacks=send)
-    recover_module.main(["--config", str(config_file), "--log-root", log_root])
+    # main calls the recover its own module imported
+    recover_cli.recover = functools.partial(recover_cli.recover, extra_callbacks=send)
+    recover_cli.main(["--config", str(config_file), "--log-root", log_root])
 
 
 @pytest.mark.slow
@@ -567,6 +601,7 @@ def test_a_rollback_past_a_refused_file_passes_over_a_ctrl_c_file_too(tmp_path: 
     """Rollback targets are scheduled files, so that an interrupted loop decides as the
     uninterrupted one: when the scheduled file is refused (broken), the next one back
     must be scheduled too, not the extra file a Ctrl-C wrote between them."""
+    from lit_spikes.recover.rollback import choose_rollback
     from tests.conftest import fit
 
     source = fit(tmp_path, "source", 20, checkpoint_every=1).spec.run_dir / "checkpoints"
@@ -582,7 +617,9 @@ def test_a_rollback_past_a_refused_file_passes_over_a_ctrl_c_file_too(tmp_path: 
         broken.write_bytes(broken.read_bytes()[:1000])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            step, path, owner, refused = loop.choose_rollback(base, onset=27)
+            step, path, owner, refused = choose_rollback(
+                loop.ledger, loop.root, base, onset=27, distance=5, every=10
+            )
         assert (step, owner) == (10, "base") and path == str(directory / "step=10.ckpt")
         assert any("step=20.ckpt" in reason for reason in refused)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.recover import HISTORY_NAME, Ledger, RecoverConfig, read_history, read_ledger
 from tests.conftest import REPO, assert_states_equal, ddp_env, load_ckpt, wait_for
 from tests.test_recover import tiny_config
@@ -97,7 +98,7 @@ def test_recover_under_ddp_decides_once_and_trains_on_both_ranks(
     assert first.spike["rank_values"] == base[28]["rank_loss"]
     final = load_ckpt(ledger.totals.final_ckpt if ledger.totals else "")
     assert final["global_step"] == tiny_config(root).steps
-    assert final["lit_spikes"]["fingerprint"]["world_size"] == 2
+    assert final["callbacks"][STATE_KEY]["fingerprint"]["world_size"] == 2
 
 
 @pytest.mark.slow

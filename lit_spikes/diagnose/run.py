@@ -1,0 +1,200 @@
+"""``diagnose``: the replays a spike's question calls for, in order, and the verdict
+``verdict_cause`` draws from their numbers, with the evidence that explains it."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from lit_spikes.callbacks.exact_resume import (
+    clipping_from_checkpoint,
+    saved_fingerprint,
+    software_fingerprint,
+)
+from lit_spikes.data import DataConfig, data_config_from_checkpoint, flat_config, plain_config
+from lit_spikes.diagnose import explain
+from lit_spikes.diagnose.config import DiagnoseConfig
+from lit_spikes.diagnose.replay import CheckpointReads, Replayer, logged_losses
+from lit_spikes.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
+
+
+def diagnose(
+    ckpt_path: str | Path,
+    spike_step: int,
+    *,
+    data: DataConfig | None = None,
+    callbacks: Sequence[Callback] | None = None,
+    trainer_kwargs: dict[str, Any] | None = None,
+    original_loss: float | None = None,
+    earlier_ckpt: str | Path | None = None,
+    config: DiagnoseConfig | None = None,
+    log_root: str | Path | None = None,
+    reads: CheckpointReads | None = None,
+) -> Verdict:
+    """Replay a spike from a checkpoint before it and say what caused it.
+
+    Args:
+        ckpt_path: a Lightning checkpoint of the run, written before ``spike_step``.
+        spike_step: global step of the spike's onset.
+        data: the run's ``DataConfig`` (None: the defaults with the checkpoint's seed).
+        callbacks: callbacks the run trained with (None: rebuilt from the checkpoint's
+            callback states: ``LRScaler``, ``BatchSkipper``, ``SkipStep``). Each replay
+            gets its own copies.
+        trainer_kwargs: other Trainer arguments of the run (None: its gradient clipping
+            as the checkpoint records it; give ``gradient_clip_val`` to set another, 0 for
+            none).
+        original_loss: the loss the run logged at ``spike_step`` (None: read from the
+            TensorBoard events of the checkpoint's run, ``<ckpt>/../..``).
+        earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
+            remedies ``ckpt_path`` holds (a recover branch's parent's file, too).
+        config: replay lengths, the other-data window and the detector.
+        log_root: where the replays' TensorBoard runs go (None: a temporary directory).
+        reads: the checkpoints already read (the CLI's, which read the file's data
+            config first); None: a fresh ``CheckpointReads``. Each file is read once.
+
+    Raises:
+        CheckpointError: a checkpoint that cannot be resumed from.
+        ValueError: ``spike_step`` not after the checkpoint, or an earlier checkpoint
+            that is not earlier.
+    """
+    config = config or DiagnoseConfig()
+    reads = reads or CheckpointReads()
+    ckpt_path = Path(ckpt_path)
+    checkpoint = reads(ckpt_path)
+    _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
+    if data is None:
+        data = data_config_from_checkpoint(checkpoint)
+    trainer_kwargs = dict(trainer_kwargs or {})
+    if "gradient_clip_val" not in trainer_kwargs:
+        trainer_kwargs |= clipping_from_checkpoint(checkpoint)
+    original = _logged_original(ckpt_path, spike_step) if original_loss is None else original_loss
+    with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
+        root = Path(log_root) if log_root is not None else Path(temp)
+        replayer = Replayer(
+            spike_step, data, callbacks, trainer_kwargs, original, config, root, reads
+        )
+        replayer.incomparable = _incomparable(checkpoint)
+        earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
+        return _replay_and_judge(replayer, ckpt_path, earlier, original)
+
+
+def _check_files(
+    reads: CheckpointReads, ckpt_path: Path, spike_step: int, earlier_ckpt: str | Path | None
+) -> None:
+    """The spike after the checkpoint, the earlier file before it and of the same run.
+
+    Raises:
+        ValueError: naming the file and the steps.
+    """
+    k = int(reads(ckpt_path)["global_step"])
+    if not k < spike_step:
+        raise ValueError(
+            f"spike_step={spike_step} must be after the checkpoint's step {k} ({ckpt_path})"
+        )
+    if earlier_ckpt is not None:
+        earlier_step = int(reads(earlier_ckpt)["global_step"])
+        if earlier_step >= k:
+            raise ValueError(
+                f"earlier_ckpt={earlier_ckpt} is at step {earlier_step}, not before the "
+                f"checkpoint's step {k}"
+            )
+        _refuse_another_run(ckpt_path, reads(ckpt_path), Path(earlier_ckpt), reads)
+
+
+def _logged_original(ckpt_path: Path, spike_step: int) -> float | None:
+    """The loss the checkpoint's run logged at ``spike_step`` (its TensorBoard events).
+
+    Raises:
+        ValueError: a step past the run's last logged one (a typo, most likely).
+    """
+    logged = logged_losses(ckpt_path.parent.parent)
+    if logged and spike_step > max(logged):
+        # a typo (1470 for 147) would replay a thousand steps, then find no spike
+        raise ValueError(
+            f"spike_step={spike_step} is past the last step the checkpoint's run logged "
+            f"({max(logged)}): give a step of that run (or its loss, --spike-loss, for a "
+            "step it did not log)"
+        )
+    return logged.get(spike_step)
+
+
+def _incomparable(checkpoint: dict[str, Any]) -> str | None:
+    """Why a replay in this process cannot reproduce the checkpoint's run to the bit
+    (None: it can)."""
+    saved = saved_fingerprint(checkpoint)
+    here = software_fingerprint()
+    differ = [
+        f"{key} {saved[key]!r} there, {value!r} here"
+        for key, value in here.items()
+        if key in saved and saved[key] != value
+    ]
+    if int(saved.get("world_size", 1)) > 1:
+        differ.append(
+            f"the run trained on {saved['world_size']} processes: its logged loss is rank 0's "
+            "rows', a replay's the whole batch's"
+        )
+    return "; ".join(differ) or None
+
+
+def _refuse_another_run(
+    ckpt_path: Path, checkpoint: dict[str, Any], earlier: Path, reads: CheckpointReads
+) -> None:
+    """An earlier checkpoint of another run (another model, optimizer or seeds) cannot
+    replay this one's history: its replay would differ and blame the later state.
+
+    Raises:
+        ValueError: naming the settings that differ.
+    """
+    mine = flat_config(plain_config(checkpoint.get("hyper_parameters", {})))
+    theirs = flat_config(plain_config(reads(earlier).get("hyper_parameters", {})))
+    differ = [
+        f"{key}: {theirs[key]!r} there, {mine[key]!r} here"
+        for key in sorted(mine.keys() & theirs.keys())  # a key newer code added is no difference
+        if mine[key] != theirs[key] and key not in ("num_threads", "flush_denormal")
+    ]
+    if differ:
+        raise ValueError(
+            f"earlier_ckpt={earlier} is not of the run of {ckpt_path} ({'; '.join(differ)}): "
+            "give an earlier checkpoint of the same run (or of its recover branch's parent)"
+        )
+
+
+def _replay_and_judge(
+    replayer: Replayer, ckpt_path: Path, earlier_ckpt: Path | None, original: float | None
+) -> Verdict:
+    """Replay (a); where it leaves the question open, (b) and (c); then the verdict."""
+    spike_step, config = replayer.spike_step, replayer.config
+    same, records = replayer.run("replay_same_data", ckpt_path)
+    k = same.ckpt_step
+    evidence = [explain.same_data_line(spike_step, same, original, replayer.incomparable)]
+    decided = cause_from_same_data(spike_step, same)
+    if decided is not None:
+        if decided == "no-spike":
+            evidence.append(explain.no_spike_line(spike_step, same, original))
+        else:
+            evidence.append(explain.NOT_REPRODUCED)
+        return Verdict(decided, spike_step, k, str(ckpt_path), original, same, None, None, evidence)
+    position = int(records[spike_step]["position"])
+    first = int(records[k]["position"]) if k in records else k
+    window = (max(first, position - config.window_before), position + config.window_after + 1)
+    other, _ = replayer.run("replay_other_data", ckpt_path, window)
+    earlier: Replay | None = None
+    if earlier_ckpt is not None:
+        # Against the run's own full loss where one is known to the bit; else (none given,
+        # or one given rounded) the same-data replay's, which matched it
+        replayer.original = original if same.bit_equal else same.loss_at_spike
+        replayer.incomparable = None  # (c) is held against a replay of this process
+        # The run's remedies are the later file's: an earlier one may be the parent's, from
+        # before a recover branch started with them (its skip set, its LR scale).
+        earlier, _ = replayer.run("replay_earlier_ckpt", earlier_ckpt, remedies_of=ckpt_path)
+    evidence.append(explain.other_data_line(spike_step, same, other, position, config))
+    if earlier is not None:
+        evidence += explain.earlier_lines(spike_step, same, earlier)
+    cause = verdict_cause(spike_step, same, other, earlier)
+    if cause in explain.READINGS:
+        evidence.append(explain.READINGS[cause])
+    return Verdict(cause, spike_step, k, str(ckpt_path), original, same, other, earlier, evidence)

@@ -1,0 +1,118 @@
+"""The verdict as a pure function of the replays' numbers: which steps each replay
+flagged, and whether its loss at the spike is the original's to the bit. No file, no
+Trainer: the rules of the diagnosis, testable with plain numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
+
+
+@dataclass
+class Replay:
+    """One replay from a checkpoint, judged around the spike."""
+
+    label: str
+    ckpt_step: int
+    skipped: tuple[int, int] | None
+    """Half-open range of data positions left out (None: the same data)."""
+    loss_at_spike: float
+    max_loss: float
+    """Largest loss from ``window_before`` steps before the spike to the replay's end."""
+    max_logit: float
+    """Largest attention logit over the same steps."""
+    flagged: list[int]
+    """Steps the detector flags in that range."""
+    bit_equal: bool | None
+    """The loss at the spike's step equals the original's to the last bit (None: no
+    original to compare with)."""
+    last_step: int
+    wall_s: float = 0.0
+    detector_from_checkpoint: bool = False
+    """The judging detector continued the run's own (its state was in the checkpoint);
+    otherwise a fresh one with the configured settings and a shortened warm-up."""
+
+    @property
+    def spiked(self) -> bool:
+        return bool(self.flagged)
+
+
+@dataclass
+class Verdict:
+    """The diagnosis: the cause and the replays it rests on."""
+
+    cause: Cause
+    spike_step: int
+    ckpt_step: int
+    ckpt_path: str
+    original_loss: float | None
+    """The loss the original run logged at the spike (None: unknown)."""
+    same_data: Replay
+    other_data: Replay | None
+    """None when the spike did not come back with the same data (no point asking)."""
+    earlier: Replay | None
+    evidence: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cause_from_same_data(spike_step: int, same: Replay) -> Cause | None:
+    """What replay (a) alone decides: ``no-spike`` (the loss comes back, or cannot be
+    told apart, but the step is not flagged), ``not-reproducible`` (another loss), or
+    None: the spike is back, replay (b) decides."""
+    if same.bit_equal is not False and spike_step not in same.flagged:
+        return "no-spike"
+    # Flagged but not the original loss (a fault that only made the spike larger, or a
+    # setting unlike the run's) is not the run's spike.
+    if same.bit_equal is False:
+        return "not-reproducible"
+    return None
+
+
+def verdict_cause(
+    spike_step: int, same: Replay, other: Replay | None, earlier: Replay | None = None
+) -> Cause:
+    """The cause the replays show: (a) decides alone where it can; else an earlier
+    checkpoint's replay (c) that does not bring the spike back to the bit says the later
+    state is not the run's own history's; else (b) still spiking without the data around
+    the spike says the state causes it, and not spiking says the data does.
+
+    Raises:
+        ValueError: (a) leaves the question open and there is no replay (b).
+    """
+    decided = cause_from_same_data(spike_step, same)
+    if decided is not None:
+        return decided
+    if other is None:
+        raise ValueError(f"the spike at step {spike_step} came back: replay (b) must decide")
+    if earlier is not None and earlier.bit_equal is False:
+        return "not-reproducible"
+    return "state-caused" if other.spiked else "data-caused"
+
+
+def given_decimals(value: float) -> int | None:
+    """The decimals of ``value`` as typed, when it is a rounded one (``2.7175``: 4; None:
+    the shortest form of a float32 logged loss, which has 7 or more significant digits)."""
+    text = repr(value)
+    if "e" in text or "." not in text or len(text.replace("-", "").replace(".", "")) >= 7:
+        return None
+    return len(text.split(".")[1])
+
+
+def bit_equal(loss: float, original: float | None) -> bool | None:
+    """Whether a replay's loss is the original's to the bit: None when there is no
+    original, or when the original was given rounded (``--spike-loss 2.7175``, as this
+    tool prints it) and the loss rounds to it: equality cannot be told. Two NaNs are
+    equal (a replayed NaN is the run's NaN)."""
+    if original is None:
+        return None
+    if loss == original or (math.isnan(loss) and math.isnan(original)):
+        return True
+    decimals = given_decimals(original)
+    if decimals is not None and round(loss, decimals) == original:
+        return None
+    return False
