@@ -31,12 +31,14 @@ __all__ = [
     "unwritable_directory",
 ]
 
-DESCRIPTION = """lit-spikes: train a tiny GPT that resumes bit-exactly and survives loss spikes.
+DESCRIPTION = """lit-spikes: train a Lightning module that resumes bit-exactly and survives loss
+spikes (a tiny GPT by default).
 
 Commands:
-  fit           train (LightningCLI: --model.*, --data.*, --trainer.*, --config,
-                --ckpt_path, --checkpoint_every); also validate (val/bpc of a
-                checkpoint or a fresh model)
+  fit           train (LightningCLI: --model CLASS_PATH, --data CLASS_PATH, the
+                project's tiny GPT and its data by default, --model.*, --data.*,
+                --trainer.*, --config, --ckpt_path, --checkpoint_every); also
+                validate (a checkpoint or a fresh model)
   recover       train with automatic spike recovery (lit-spikes recover --help)
   diagnose      replay a spike from a checkpoint: data-caused, state-caused or not
                 reproducible (lit-spikes diagnose --help)

@@ -1,22 +1,29 @@
 """The ``lit-spikes fit`` parser's own ways: its help (the project's options first,
 Lightning's Trainer texts cut to their first sentence, where they say what is not so
 here, their meaning here), errors that name the option a typo meant, ``nan``/``inf`` on
-the command line read as in a config file, and two notes of Lightning's silenced."""
+the command line read as in a config file, and two notes of Lightning's silenced; and
+what subclass mode (``--model CLASS_PATH``) needs: which class a section builds, its
+errors unwrapped, defaults merged into a section's."""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
 import logging
+import re
+import textwrap
 import warnings
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 _OWN_HELP = {
     "trainer.max_steps": "Stop after this many steps. -1 (the default here): where the LR "
     "schedule ends (--model.optim.max_steps, 400 by default); fewer stops early on the same "
-    "schedule, more trains on at its final LR.",
+    "schedule, more trains on at its final LR. Another --model: -1 is Lightning's, no limit.",
     "trainer.max_epochs": "Stop after this many epochs (the first of max_steps and max_epochs "
     "ends the run). The step stream is endless: an epoch is as many steps as it takes to "
     "draw the training text's number of tokens, or --trainer.limit_train_batches steps.",
@@ -49,6 +56,40 @@ def yaml_nonfinite(args: list[str]) -> list[str]:
     return out
 
 
+_UNION = re.compile(
+    r'^Parser key "(?P<key>model|data)":\n\s*Does not validate against any of the Union '
+    r"subtypes\n.*?Problem with given class_path '(?P<path>[^']+)':\n(?P<inner>.*?)\n"
+    r"\s*- Expected a <class 'NoneType'>",
+    re.DOTALL,
+)
+
+
+def condensed(message: str) -> str:
+    """jsonargparse's account of a bad ``--model.*``/``--data.*`` value (subclass mode: a
+    Union of the class and None, the whole value repeated) cut to what the class's own
+    parser said, its options spelt as on the command line."""
+    match = _UNION.match(message)
+    if match is None:
+        return message
+    key, inner = match["key"], textwrap.dedent(match["inner"]).strip()
+    inner = re.sub(r"(?<![\w.-])--(?=\w)", f"--{key}.", inner)
+    inner = inner.replace('Parser key "', f'Parser key "{key}.')
+    unknown = re.fullmatch(r"Option '(\w+)' is not accepted", inner)
+    close = difflib.get_close_matches(unknown[1], _init_args(match["path"]), n=1) if unknown else []
+    if close:
+        inner += f" (did you mean --{key}.{close[0]}?)"
+    return f"--{key} {match['path']}: {inner}"
+
+
+def _init_args(path: str) -> list[str]:
+    """The arguments of the class at ``path`` (none where it is not importable)."""
+    module, _, name = path.rpartition(".")
+    try:
+        return list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return []
+
+
 class LitSpikesParser(LightningArgumentParser):
     """LightningArgumentParser whose errors end with the closest option to one it does
     not know (a typo's fix)."""
@@ -56,7 +97,8 @@ class LitSpikesParser(LightningArgumentParser):
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser = getattr(ex, "subcommand_parser", None) or self
-        if message.startswith("unrecognized arguments:"):
+        message = condensed(message)
+        if message.startswith("unrecognized arguments:") and "(did you mean" not in message:
             known = [f"--{key}" for key in parser.get_defaults().keys()]  # noqa: SIM118 (nested keys)
             typos = [word for word in message.split()[2:] if word.startswith("--")]
             for typo in typos:
@@ -66,10 +108,45 @@ class LitSpikesParser(LightningArgumentParser):
         super().error(message, ex)
 
 
-def arrange_help(parser: LightningArgumentParser, subcommand: str) -> None:
-    """The help of a subcommand's parser, shortened and in the project's order."""
+_SECTIONS = {
+    "model": "the LightningModule to train (any; as --model.init_args.NAME or --model.NAME)",
+    "data": "the LightningDataModule (any; as --data.init_args.NAME or --data.NAME)",
+}
+
+
+def _defaults_listed(key: str, klass: type) -> str:
+    """The options of the default ``--model``/``--data`` class, one a line with its default
+    (subclass mode lists only ``--model CLASS_PATH``; ``--model.help`` lists them too)."""
+    probe = ArgumentParser()
+    probe.add_class_arguments(klass, key, fail_untyped=False)
+    lines = [
+        f"  --{action.dest} (default: {_shown(action.default)})"
+        for action in probe._actions
+        if action.dest.startswith(f"{key}.") and action.default != "==SUPPRESS=="
+    ]
+    path = f"{klass.__module__}.{klass.__qualname__}"
+    return f"Default: {path}, whose options are:\n" + "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    return "[]" if value == () else str(value)
+
+
+def arrange_help(
+    parser: LightningArgumentParser, subcommand: str, defaults: dict[str, type] | None = None
+) -> None:
+    """The help of a subcommand's parser, shortened and in the project's order;
+    ``defaults``: the class of ``model`` and ``data`` when none is given, their options
+    listed."""
     # One line, not argparse's list of all 80 options (printed before every error too)
     parser.usage = f"lit-spikes {subcommand} [options]"
+    for group in parser._action_groups:  # titled by their base class's docstring
+        dests = {action.dest for action in group._group_actions}
+        for key, title in _SECTIONS.items():
+            if key in dests:
+                group.title = f"--{key} CLASS_PATH: {title}"
+                if defaults and key in defaults:
+                    group.description = _defaults_listed(key, defaults[key])
     for action in parser._actions:
         if action.dest in _OWN_HELP:  # what Lightning's text says is not so here
             action.help = _OWN_HELP[action.dest]
@@ -91,6 +168,50 @@ def arrange_help(parser: LightningArgumentParser, subcommand: str) -> None:
     method = [g for g in groups if any(a.dest == "ckpt_path" for a in g._group_actions)]
     rest = [g for g in groups if g not in trainer and g not in method]
     parser._action_groups = [*rest[:2], *method, *rest[2:], *trainer]
+
+
+def is_own(section: Any, own: type) -> bool:
+    """Whether a parsed ``model``/``data`` section (``class_path``, ``init_args``) builds
+    ``own`` or a subclass of it: only then do the project's own steps apply."""
+    path = section.get("class_path") if section is not None else None
+    if not isinstance(path, str):
+        return False
+    module, _, name = path.rpartition(".")
+    try:
+        klass = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False  # the parse has reported it
+    return isinstance(klass, type) and issubclass(klass, own)
+
+
+def first_cause(error: BaseException) -> BaseException:
+    """The error a class's own check raised: subclass mode wraps it in jsonargparse's
+    account of a Union (LightningModule or None), with every value of the config."""
+    while isinstance(error.__cause__ or error.__context__, ValueError | TypeError):
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return error
+
+
+MODEL_KEYS, DATA_KEYS = "model.init_args.", "data.init_args.config."
+"""Where the project's model and data settings are in the parsed config."""
+
+
+def set_merged_defaults(parser: LightningArgumentParser, saved: dict[str, Any]) -> None:
+    """``saved`` (dotted keys) as the parser's defaults, those it knows. jsonargparse sets
+    a subclass argument's default only as a whole (``class_path`` and ``init_args``): the
+    model's and the data's are merged into theirs."""
+    defaults = parser.get_defaults()
+    plain, whole = {}, set()
+    for key, value in saved.items():
+        if key not in defaults:
+            continue
+        section = key.partition(".")[0]
+        if section in ("model", "data"):
+            defaults[key] = value
+            whole.add(section)
+        else:
+            plain[key] = value
+    parser.set_defaults(plain | {section: defaults[section].as_dict() for section in whole})
 
 
 class _NoLitLoggerTip(logging.Filter):

@@ -1,12 +1,16 @@
-"""``lit-spikes fit`` and ``validate``: the LightningCLI for TinyGPTModule and
-StepDataModule (``lit_spikes.cli`` dispatches to it, importing it only then: Lightning
-and torch take seconds to import, the top-level help and the other commands need
-neither).
+"""``lit-spikes fit`` and ``validate``: the LightningCLI for any LightningModule and
+LightningDataModule, TinyGPTModule and StepDataModule by default (``lit_spikes.cli``
+dispatches to it, importing it only then: Lightning and torch take seconds to import,
+the top-level help and the other commands need neither).
 
-``lit-spikes fit`` takes ``--model.*``, ``--data.*``, ``--trainer.*``, ``--config FILE``
-and ``--ckpt_path PATH`` as any LightningCLI does, plus ``--checkpoint_every N``: write
-``<trainer.default_root_dir>/checkpoints/step=<k>.ckpt`` every N steps, keeping all.
-The defaults reproduce the seed's setup (4 layers, peak LR 0.1, batch 16, 400 steps).
+``lit-spikes fit`` takes ``--model CLASS_PATH``, ``--data CLASS_PATH`` (LightningCLI's
+subclass mode: their arguments as ``--model.init_args.*`` or ``--model.*``),
+``--trainer.*``, ``--config FILE`` and ``--ckpt_path PATH`` as any LightningCLI does, plus
+``--checkpoint_every N``: write ``<trainer.default_root_dir>/checkpoints/step=<k>.ckpt``
+every N steps, keeping all. The defaults reproduce the seed's setup (4 layers, peak LR
+0.1, batch 16, 400 steps). What is TinyGPT's alone (its settings and the data's taken
+from a checkpoint, its setup checks, the schedule's length as max_steps, epochs of its
+text) applies only when the model or the data is the project's own.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import torch
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -29,7 +34,6 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.batch_skipper import BatchSkipper
 from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint
-from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
@@ -38,32 +42,34 @@ from lit_spikes.checkpoints import (
     checkpoint_files_if_any,
     load_checkpoint,
     newest_valid_checkpoint,
-    remove_leftovers,
 )
 from lit_spikes.cli import DESCRIPTION
 from lit_spikes.cli_parsing import (
+    DATA_KEYS,
+    MODEL_KEYS,
     LitSpikesParser,
     arrange_help,
+    first_cause,
+    is_own,
     quiet_lightning_notes,
+    set_merged_defaults,
     yaml_nonfinite,
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
 from lit_spikes.module import TinyGPTModule, check_training_setup
-from lit_spikes.progress import with_step_progress_bar
 from lit_spikes.resume_callbacks import from_record, instantiate, keys_of, run_config_callbacks
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
     CHECKPOINT_DIRNAME,
-    ValidateAtEnd,
-    step_checkpoint,
+    claim_run_directory,
+    standard_run,
     unwritable_directory,
-    with_checkpoint_io,
 )
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",
     "devices": 1,
-    "max_steps": -1,  # -1: end where the schedule (--model.optim.max_steps) ends
+    "max_steps": -1,  # TinyGPT: where its schedule (--model.optim.max_steps) ends; else none
     "log_every_n_steps": 1,
     "val_check_interval": 100,
     "check_val_every_n_epoch": None,
@@ -71,6 +77,10 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "default_root_dir": "runs/fit",
 }
 
+
+OWN_MODEL = "lit_spikes.module.TinyGPTModule"
+OWN_DATA = "lit_spikes.data.StepDataModule"
+"""The default ``--model`` and ``--data``."""
 
 RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 """Model settings a resume may take from the command line rather than the checkpoint
@@ -105,11 +115,14 @@ class LitSpikesCLI(LightningCLI):
         self, klass: type, subcommand: str, **kwargs: Any
     ) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        arrange_help(parser, subcommand)
+        arrange_help(parser, subcommand, {"model": TinyGPTModule, "data": StepDataModule})
         return parser
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Subclass mode with the project's classes as defaults: their options keep their
+        # short spelling (--model.gpt.n_layer), another class is one --model away.
+        parser.set_defaults({"model": {"class_path": OWN_MODEL}, "data": {"class_path": OWN_DATA}})
         parser.add_argument(
             "--checkpoint_every",
             type=int,
@@ -129,11 +142,13 @@ class LitSpikesCLI(LightningCLI):
             self.parser.error(
                 f"--trainer.max_steps={steps} must be positive, or -1 to end with the schedule"
             )
-        if steps is None or steps == -1:
+        if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
             # The run ends where its schedule ends unless told to stop earlier (or later).
-            config["trainer"]["max_steps"] = steps = config["model"]["optim"].max_steps
+            steps = config["model"]["init_args"]["optim"].max_steps
+            config["trainer"]["max_steps"] = steps
+        steps = -1 if steps is None else steps  # another module: Lightning's -1, no limit
         resume = getattr(self, "_resume_step", None)
-        if self.subcommand == "fit" and resume is not None and resume >= steps:
+        if self.subcommand == "fit" and resume is not None and 0 < steps <= resume:
             self.parser.error(
                 f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
                 "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
@@ -159,10 +174,12 @@ class LitSpikesCLI(LightningCLI):
             )
         devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
         devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
-        if devices and isinstance(nodes, int) and nodes > 0:
+        own_data = is_own(config["data"], StepDataModule)
+        if own_data and devices and isinstance(nodes, int) and nodes > 0:
             # Else each of the processes Lightning starts fails in setup with its traceback
             try:
-                check_shard(int(config["data"]["config"]["batch_size"]), 0, devices * nodes)
+                batch = config["data"]["init_args"]["config"]["batch_size"]
+                check_shard(int(batch), 0, devices * nodes)
             except ValueError as error:
                 self.parser.error(str(error))
         self._check_clipping_and_intervals(config["trainer"])
@@ -194,16 +211,18 @@ class LitSpikesCLI(LightningCLI):
         # check) is bad input too: report it as such, before anything runs or is written.
         try:
             super().instantiate_classes()
-            # What would fail at the first step, after files were written: now, instead.
-            check_training_setup(
-                self.model.model_config,
-                self.datamodule,
-                self.trainer.accumulate_grad_batches,
-                getattr(self.trainer, "overfit_batches", 0),
-            )
+            if isinstance(self.model, TinyGPTModule):
+                # What would fail at the first step, after files were written: now, instead.
+                own_data = isinstance(self.datamodule, StepDataModule)
+                check_training_setup(
+                    self.model.model_config,
+                    self.datamodule if own_data else None,
+                    self.trainer.accumulate_grad_batches,
+                    getattr(self.trainer, "overfit_batches", 0),
+                )
             self._check_skip_at_resume()
         except (ValueError, TypeError) as error:
-            self.parser.error(f"invalid configuration: {error}")
+            self.parser.error(f"invalid configuration: {first_cause(error)}")
         self._check_recorded_callbacks()
         self._epochs_of_the_stream()
         if isinstance(self.model, TinyGPTModule) and self.model.example_input_array is None:
@@ -214,8 +233,7 @@ class LitSpikesCLI(LightningCLI):
         for callback in getattr(self.trainer, "callbacks", []):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
-                callback.acquire_for(self.trainer)
-                remove_leftovers(callback.directory / CHECKPOINT_DIRNAME)  # now this run's
+                claim_run_directory(callback, self.trainer)
                 if getattr(self, "_restart_events", False) and _launched_rank() == 0:
                     self._start_anew(callback.directory)
 
@@ -431,33 +449,35 @@ class LitSpikesCLI(LightningCLI):
         differs is kept, and the data module warns. The checkpoint's gradient clipping is
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
-        saved = {
-            f"model.{key}": value
-            for key, value in flat_config(
-                plain_config(checkpoint.get("hyper_parameters", {}))
-            ).items()
-        }
+        subcommand = self.config["subcommand"]
+        saved: dict[str, Any] = {}
+        if is_own(self.config[subcommand]["model"], TinyGPTModule):  # another: as given
+            hparams = plain_config(checkpoint.get("hyper_parameters", {}))
+            saved |= {f"{MODEL_KEYS}{key}": value for key, value in flat_config(hparams).items()}
         data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
-        if data is not None:  # files from before hold only the data seed
-            saved |= {f"data.config.{key}": value for key, value in flat_config(data).items()}
+        if data is not None and is_own(self.config[subcommand]["data"], StepDataModule):
+            # (files from before hold only the data seed)
+            saved |= {f"{DATA_KEYS}{key}": value for key, value in flat_config(data).items()}
         # A Trainer setting, kept for the same reason
         saved |= {f"trainer.{k}": v for k, v in clipping_from_checkpoint(checkpoint).items()}
-        if self.config["subcommand"] == "fit":  # the remedies, the detector
+        if subcommand == "fit":  # the remedies, the detector
             saved |= self._callbacks_to_resume(Path(path), checkpoint)
-        subcommand = self.config["subcommand"]
-        parser = self._parser(subcommand)
-        known = parser.get_defaults()
-        parser.set_defaults({key: value for key, value in saved.items() if key in known})
+        set_merged_defaults(self._parser(subcommand), saved)
         self.config = self.parser.parse_args(self._args)  # (build_cli passes a list or None)
         config = self.config[subcommand]
         config["ckpt_path"] = path  # "latest" resolved
+        given = config["trainer"].get("callbacks")
+        if isinstance(given, list):
+            # The run's command again (what a preempted run says to do): its
+            # --trainer.callbacks+= come after the same ones of its config.yaml, taken once
+            config["trainer"]["callbacks"] = [c for i, c in enumerate(given) if c not in given[:i]]
         conflicts = []
         for key, value in saved.items():
-            if not key.startswith("model.") or key not in config:
+            if not key.startswith(MODEL_KEYS) or key not in config:
                 continue
-            given = plain_config(config[key])
-            if given != value and key.removeprefix("model.") not in RESUMABLE_CHANGES:
-                conflicts.append(f"--{key}={given!r} (the checkpoint's: {value!r})")
+            given, name = plain_config(config[key]), key.removeprefix(MODEL_KEYS)
+            if given != value and name not in RESUMABLE_CHANGES:
+                conflicts.append(f"--model.{name}={given!r} (the checkpoint's: {value!r})")
         if conflicts:
             self.parser.error(
                 "--ckpt_path resumes the checkpoint's run with its own model settings, but "
@@ -470,40 +490,32 @@ class LitSpikesCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = config["trainer"]["default_root_dir"]
-        every = config["checkpoint_every"]
         callbacks = [
             self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
         ]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         training = self.subcommand == "fit"  # validate trains nothing and saves nothing
-        if training:
-            callbacks.append(RunDirectoryLock(root))  # taken in instantiate_classes
-        if every and training:
-            dirpath = os.path.join(root, CHECKPOINT_DIRNAME)
-            callbacks.append(PreemptionCheckpoint(dirpath))
-            callbacks.append(step_checkpoint(dirpath, every))
-            callbacks.append(FinalCheckpoint(dirpath, every))  # the last step, if off-interval
-        interval, steps = trainer_config.get("val_check_interval"), trainer_config["max_steps"]
-        if training and ValidateAtEnd.needed(interval, steps):
-            callbacks.append(ValidateAtEnd())  # the final model's val/bpc
-        if not (every and training):
-            trainer_config["enable_checkpointing"] = False  # no default ModelCheckpoint either
-        if trainer_config.get("enable_progress_bar", True) is not False:
-            configured = trainer_config.get("callbacks") or []
-            configured = configured if isinstance(configured, list) else [configured]
-            callbacks = with_step_progress_bar([*configured, *callbacks])[len(configured) :]
-        if trainer_config.get("logger") in (None, True):
-            # validate: a run of its own beside the training's (its curves, its config.yaml
-            # untouched), one per checkpoint; Lightning logs a validation at step 0
-            checkpoint = config.get("ckpt_path")
-            trainer_config["logger"] = RunLogger(
-                save_dir=root,
-                name="" if training else "validate",
-                version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
-                purge_step=getattr(self, "_resume_step", None) if training else None,
-            )
-        trainer_config["plugins"] = with_checkpoint_io(trainer_config)
-        return self._instantiate_trainer(trainer_config, callbacks)
+        # validate: a run of its own beside the training's (its curves, its config.yaml
+        # untouched), one per checkpoint; Lightning logs a validation at step 0
+        checkpoint = config.get("ckpt_path")
+        logger = RunLogger(
+            save_dir=root,
+            name="" if training else "validate",
+            version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
+            purge_step=getattr(self, "_resume_step", None) if training else None,
+        )
+        configured = trainer_config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        parts = standard_run(
+            trainer_config,
+            root,
+            checkpoint_every=config["checkpoint_every"] or None,
+            given=[*configured, *callbacks],
+            training=training,
+            logger=logger,
+        )
+        own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
+        return self._instantiate_trainer(parts.trainer_kwargs, [*callbacks, *own, *parts.callbacks])
 
 
 class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -548,8 +560,9 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
     """The project's LightningCLI; ``run=False`` parses and instantiates only."""
     quiet_lightning_notes()
     return LitSpikesCLI(
-        TinyGPTModule,
-        StepDataModule,
+        LightningModule,  # any: TinyGPTModule and StepDataModule are the defaults
+        None,  # any LightningDataModule, or --data null: the module's own dataloaders
+        subclass_mode_model=True,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=False,
         auto_configure_optimizers=False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import tempfile
@@ -11,18 +10,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins import CheckpointIO
-from lightning.pytorch.profilers import PassThroughProfiler
 from typing_extensions import override
 
 from lit_spikes.callbacks._common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.progress import with_step_progress_bar
-from lit_spikes.tb import TensorBoardStepLogger
+from lit_spikes.tb import RunLogger
+
+if TYPE_CHECKING:
+    from lit_spikes.callbacks.run_lock import RunDirectoryLock
 
 CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
@@ -58,23 +59,6 @@ def quiet_branches() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-class NoProfiler(PassThroughProfiler):
-    """Lightning's default profiler (``PassThroughProfiler``: records nothing), cheaper.
-
-    The Trainer enters ``profiler.profile(name)`` around every hook of every callback and
-    of the module, about 36 times a step here. ``PassThroughProfiler`` inherits a
-    generator-based context manager for it; this one returns one shared null context,
-    about 0.05 ms a step less. ``Trainer(profiler="simple")`` or any other still works
-    in its place (``RunSpec.trainer_kwargs``).
-    """
-
-    _NULL = contextlib.nullcontext()
-
-    @override
-    def profile(self, action_name: str) -> contextlib.nullcontext[None]:  # type: ignore[override]
-        return self._NULL
 
 
 def ddp_env(repo: str | Path) -> dict[str, str]:
@@ -146,28 +130,6 @@ class RunSpec:
         return self.log_root / self.name
 
     def trainer(self) -> pl.Trainer:
-        from lit_spikes.callbacks.run_lock import RunDirectoryLock
-
-        lock = RunDirectoryLock(self.run_dir)
-        callbacks = [lock, *self.callbacks]
-        if self.checkpoint_every is not None:
-            from lit_spikes.callbacks.preemption import PreemptionCheckpoint
-
-            callbacks.append(PreemptionCheckpoint(self.run_dir / CHECKPOINT_DIRNAME))
-            callbacks.append(
-                step_checkpoint(self.run_dir / CHECKPOINT_DIRNAME, self.checkpoint_every)
-            )
-        if ValidateAtEnd.needed(self.val_every, self.max_steps):
-            callbacks.append(ValidateAtEnd())
-        if self.progress_bar:
-            callbacks = with_step_progress_bar(callbacks)
-        logger = TensorBoardStepLogger(
-            save_dir=str(self.log_root),
-            name=self.name,
-            version="",
-            default_hp_metric=False,
-            purge_step=self.resume_step,
-        )
         kwargs: dict[str, Any] = {
             "accelerator": "cpu",
             "devices": 1,
@@ -180,20 +142,103 @@ class RunSpec:
             "enable_checkpointing": self.checkpoint_every is not None,
             "enable_progress_bar": self.progress_bar,
             "default_root_dir": str(self.run_dir),
-            "logger": logger,
-            "callbacks": callbacks,
-            "profiler": NoProfiler(),
         }
         kwargs.update(self.trainer_kwargs)
-        kwargs["plugins"] = with_checkpoint_io(kwargs)
+        logger = RunLogger(
+            save_dir=str(self.log_root),
+            name=self.name,
+            version="",
+            purge_step=self.resume_step,
+            hparams_metric=False,  # the demos' branch runner records each row's own
+        )
+        parts = standard_run(
+            kwargs,
+            self.run_dir,
+            checkpoint_every=self.checkpoint_every,
+            given=self.callbacks,
+            final_checkpoint=False,  # as RunSpec always did: its runs' files stay the same
+            logger=logger,
+        )
+        assert parts.lock is not None  # training=True
+        kwargs = parts.trainer_kwargs
+        kwargs["callbacks"] = [parts.lock, *self.callbacks, *parts.callbacks]
         trainer = pl.Trainer(**kwargs)
-        lock.acquire_for(trainer)  # now: the logger writes a file before any setup hook runs
-        try:
-            remove_leftovers(self.run_dir / CHECKPOINT_DIRNAME)  # the directory is this run's
-        except BaseException:
-            lock.release()  # no fit will run to release it
-            raise
+        claim_run_directory(parts.lock, trainer)
         return trainer
+
+
+@dataclass
+class StandardRun:
+    """What every lit-spikes run adds to its Trainer (``standard_run``)."""
+
+    lock: RunDirectoryLock | None
+    """The run directory's lock (None: a run that trains nothing, ``validate``); the
+    caller places it among its callbacks and takes it with ``claim_run_directory``."""
+    callbacks: list[Callback]
+    """To come after the lock and the run's own callbacks: preemption, step and final
+    checkpoints, ``ValidateAtEnd``, a step progress bar."""
+    trainer_kwargs: dict[str, Any]
+    """The Trainer's keyword arguments with ``enable_checkpointing``, ``logger`` and
+    ``plugins`` set as the run needs."""
+
+
+def standard_run(
+    trainer_kwargs: dict[str, Any],
+    run_dir: str | Path,
+    *,
+    checkpoint_every: int | None,
+    given: Sequence[Any] = (),
+    training: bool = True,
+    final_checkpoint: bool = True,
+    logger: Any = None,
+) -> StandardRun:
+    """The standard set of a run under ``run_dir``, for ``RunSpec`` and ``lit-spikes
+    fit`` alike (one place to change it): the lock; with ``checkpoint_every`` (None: no
+    checkpoints) a ``PreemptionCheckpoint``, ``step=<k>.ckpt`` every that many steps and
+    (``final_checkpoint``) the last step's; ``ValidateAtEnd`` where the validation
+    interval misses the last step; a step progress bar unless ``given`` (the run's own
+    callbacks) has a bar or the bar is off; ``logger`` where ``trainer_kwargs`` has none
+    (None or True); the atomic checkpoint plugin. ``training=False``: only the logger
+    and the plugin. ``trainer_kwargs`` itself is left as it is."""
+    # Imported here: the callbacks package imports this module's neighbours.
+    from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
+    from lit_spikes.callbacks.preemption import PreemptionCheckpoint
+    from lit_spikes.callbacks.run_lock import RunDirectoryLock
+
+    kwargs = dict(trainer_kwargs)
+    lock = RunDirectoryLock(run_dir) if training else None
+    callbacks: list[Callback] = []
+    checkpoints = training and checkpoint_every is not None
+    if checkpoints:
+        assert checkpoint_every is not None  # for mypy: checkpoints says so
+        dirpath = Path(run_dir) / CHECKPOINT_DIRNAME
+        callbacks.append(PreemptionCheckpoint(dirpath))
+        callbacks.append(step_checkpoint(dirpath, checkpoint_every))
+        if final_checkpoint:
+            callbacks.append(FinalCheckpoint(dirpath, checkpoint_every))  # if off-interval
+    else:
+        kwargs["enable_checkpointing"] = False  # no default ModelCheckpoint either
+    interval, steps = kwargs.get("val_check_interval"), kwargs.get("max_steps", -1)
+    if training and ValidateAtEnd.needed(interval, steps):
+        callbacks.append(ValidateAtEnd())  # the final model's validation
+    if kwargs.get("enable_progress_bar", True) is not False:
+        callbacks = with_step_progress_bar([*given, *callbacks])[len(given) :]
+    if logger is not None and kwargs.get("logger") in (None, True):
+        kwargs["logger"] = logger
+    kwargs["plugins"] = with_checkpoint_io(kwargs)
+    return StandardRun(lock, callbacks, kwargs)
+
+
+def claim_run_directory(lock: RunDirectoryLock, trainer: pl.Trainer) -> None:
+    """Take the run directory for ``trainer`` before its fit (Lightning's logger writes a
+    file before any setup hook runs) and clear the leftovers of a killed save there (the
+    directory is this run's now); a failure releases the lock: no fit will."""
+    lock.acquire_for(trainer)
+    try:
+        remove_leftovers(lock.directory / CHECKPOINT_DIRNAME)
+    except BaseException:
+        lock.release()
+        raise
 
 
 class ValidateAtEnd(Callback):
@@ -208,7 +253,8 @@ class ValidateAtEnd(Callback):
         else: not a schedule in steps) misses its last step: only then is this callback
         added (each callback costs the loop its hook calls at every step)."""
         every = val_check_interval
-        return isinstance(every, int) and every > 0 and max_steps % every != 0
+        # max_steps -1 (no limit, a module's own ending): no last step to miss
+        return isinstance(every, int) and every > 0 and max_steps > 0 and max_steps % every != 0
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -216,27 +262,14 @@ class ValidateAtEnd(Callback):
             trainer.should_stop = True
 
 
-def checkpoint_io_for(trainer_kwargs: dict[str, Any]) -> AtomicCheckpointIO:
-    """The checkpoint plugin of a Trainer built with ``trainer_kwargs``: files written in
-    the background only in a run of one process (under DDP a rank could look for a file
-    rank 0 is still writing; a process that hands a file to another, as the main job's
-    reporter does, calls ``wait_for_writes`` first). One process means one device on one
-    node, as ``devices=1``, ``"1"`` or ``[0]`` ask; ``"auto"`` and anything else write
-    synchronously."""
-    devices = trainer_kwargs.get("devices", "auto")
-    one_device = devices in (1, "1") or (isinstance(devices, list) and len(devices) == 1)
-    one_process = one_device and trainer_kwargs.get("num_nodes", 1) == 1
-    return AtomicCheckpointIO(background_writes=one_process)
-
-
 def with_checkpoint_io(trainer_kwargs: dict[str, Any]) -> list[Any]:
-    """The ``plugins`` of ``trainer_kwargs`` (one or a list, or none) with
-    ``checkpoint_io_for`` added, unless one of them is a CheckpointIO already: other
+    """The ``plugins`` of ``trainer_kwargs`` (one or a list, or none) with an
+    ``AtomicCheckpointIO`` added, unless one of them is a CheckpointIO already: other
     plugins (a cluster environment, a precision) must not cost the atomic writes."""
     given = trainer_kwargs.get("plugins") or []
     plugins = list(given) if isinstance(given, list | tuple) else [given]
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-        plugins.append(checkpoint_io_for(trainer_kwargs))
+        plugins.append(AtomicCheckpointIO())
     return plugins
 
 

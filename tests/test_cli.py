@@ -32,6 +32,14 @@ def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in out, option
     # --ckpt_path says what lit-spikes takes, not Lightning's keywords it refuses
     assert "'latest': the newest valid one" in " ".join(out.split())
+    # Any module and data by class path, the project's own the defaults, listed; the
+    # project's options first, Lightning's Trainer last
+    assert "--model CLASS_PATH: the LightningModule to train" in out
+    assert "Default: lit_spikes.module.TinyGPTModule" in out
+    assert "Default: lit_spikes.data.StepDataModule" in out
+    order = ["--checkpoint_every", "--ckpt_path", "--model CLASS_PATH", "--data CLASS_PATH"]
+    positions = [out.index(option) for option in [*order, "--trainer.max_steps"]]
+    assert positions == sorted(positions)
 
 
 def test_defaults_reproduce_the_seed_setup() -> None:
@@ -423,3 +431,32 @@ def test_checkpointing_turned_off_the_lightning_way_names_the_option_that_does_i
     assert not root.exists()
     main(["fit", *args, "--trainer.enable_checkpointing", "false", "--checkpoint_every", "0"])
     assert not (root / "checkpoints").exists()
+
+
+def test_runspec_and_the_cli_take_the_standard_set_from_one_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock, the checkpoints, ValidateAtEnd, the logger and the checkpoint plugin of
+    RunSpec's and of lit-spikes fit's Trainers come from one builder: a change there
+    (here: the step checkpoint) reaches both."""
+    from lit_spikes import training
+    from lit_spikes.callbacks import RunDirectoryLock
+    from lit_spikes.checkpoints import AtomicCheckpointIO
+    from lit_spikes.tb import RunLogger
+
+    class Marker(Callback):
+        pass
+
+    import lit_spikes.fit_cli  # noqa: F401 (imported before the change, as in any process)
+
+    monkeypatch.setattr(training, "step_checkpoint", lambda dirpath, every: Marker())
+    spec = training.RunSpec(tmp_path, "spec", 12, checkpoint_every=5, val_every=5)
+    args = [*TINY_CLI, "--trainer.default_root_dir", str(tmp_path / "cli"), "--checkpoint_every"]
+    args += ["5", "--trainer.max_steps", "12", "--trainer.val_check_interval", "5"]
+    cli = main(["fit", *args])
+    assert cli is not None
+    for trainer in (spec.trainer(), cli.trainer):
+        kinds = {type(callback) for callback in trainer.callbacks}
+        assert {Marker, RunDirectoryLock, training.ValidateAtEnd} <= kinds
+        assert isinstance(trainer.logger, RunLogger)
+        assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
