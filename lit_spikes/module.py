@@ -1,5 +1,5 @@
 """The LightningModule around TinyGPT: the seed's optimiser, schedule and records,
-plus what a bit-exact resume needs in the checkpoint (RNG states, fingerprint)."""
+plus its model config in the checkpoint; ExactResume adds what a bit-exact resume needs."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ STEP_SCALARS = ("loss", "max_logit", "lr", "grad_norm", "position")
 """The per-step ``history`` keys the module logs at every step, as ``LOGGED_AS`` tags them."""
 
 CHECKPOINT_KEY = "lit_spikes"
-"""Top-level key of the checkpoint entry this project adds (RNG states, fingerprint)."""
+"""Top-level key of the module's checkpoint entry (model config, skipped steps)."""
 
 
 @dataclass(frozen=True)
@@ -155,12 +155,11 @@ class TinyGPTModule(pl.LightningModule):
     Trainer validates. Each step is also appended to ``history`` (plain floats) for
     scripts and tests.
 
-    The checkpoint gains, under ``"lit_spikes"``: the torch, Python and NumPy RNG states
-    (Lightning saves none) of every rank (``rng_by_rank`` under several processes, where
-    only rank 0 writes the file), each restored in its own rank at ``on_train_start`` so
-    dropout continues exactly; and a fingerprint of what decides the numerics (versions,
-    threads, world size, model config). A different model config is an error before any
-    step; any other difference warns that bit-exactness is not guaranteed.
+    It brings ``ExactResume`` (``configure_callbacks``), as any module can be given it: the
+    RNG states of every rank and the fingerprint of what decides the numerics. Its own
+    entry, ``"lit_spikes"``, holds its model config and the steps whose update it skipped
+    for a non-finite loss or gradient. A different model or optimizer config is an error
+    before any step.
 
     Args:
         gpt: shape of the network.
