@@ -278,7 +278,7 @@ class ExactResume(Callback):
                 loader.seek(trainer.global_step)
         if self._pending is not None:
             set_rng_states(self._pending)
-        elif trainer.global_step > 0 and not self._restored:
+        elif trainer.ckpt_path is not None and trainer.global_step > 0 and not self._restored:
             warnings.warn(
                 f"ExactResume: the fit starts at step {trainer.global_step} from a checkpoint "
                 "without ExactResume's state (RNG states): its random draws (dropout) are not "

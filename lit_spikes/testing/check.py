@@ -230,7 +230,12 @@ def fit_once(
 def _resume_in_new_process(plan: Plan, root: Path, ckpt_path: Path) -> Record:
     """The resumed half, under ``root / "resumed"`` as in this process, in a new one."""
     spec, out = root / "resume-spec.pkl", root / "resumed-record.pt"
-    spec.write_bytes(pickle.dumps((plan, ckpt_path)))
+    # The process settings a step's numerics depend on, as here (what the user's own
+    # script would set again): threads and subnormal flushing.
+    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+
+    settings = {"num_threads": torch.get_num_threads(), "flush_denormal": flush_denormal_enabled()}
+    spec.write_bytes(pickle.dumps((plan, ckpt_path, settings)))
     env = dict(os.environ)
     # The factories' modules import in the child as they did here (a test module, say).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())

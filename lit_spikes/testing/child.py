@@ -15,7 +15,9 @@ from lit_spikes.testing.check import fit_once
 
 def main(argv: list[str]) -> int:
     spec, out = Path(argv[0]), Path(argv[1])
-    plan, ckpt_path = pickle.loads(spec.read_bytes())  # written by this process's parent
+    plan, ckpt_path, settings = pickle.loads(spec.read_bytes())  # written by the parent
+    torch.set_num_threads(settings["num_threads"])
+    torch.set_flush_denormal(settings["flush_denormal"])
     record = fit_once(plan, out.parent / "resumed", capture_at=plan.resume_at, ckpt_path=ckpt_path)
     assert record is not None
     torch.save(record.to_dict(), out)
