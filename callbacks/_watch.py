@@ -157,9 +157,21 @@ def _record(trainer: pl.Trainer, step: int) -> _Step:
     return record
 
 
+def _scaler(trainer: pl.Trainer) -> Any:
+    """The precision plugin's GradScaler (16-mixed), or None."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return scaler if scaler is not None and scaler.is_enabled() else None
+
+
 def note_loss(trainer: pl.Trainer, loss: torch.Tensor) -> None:
-    """Keep the loss of the step being trained (``on_before_backward``)."""
-    _record(trainer, trainer.global_step).loss = loss.detach()
+    """Keep the loss of the step being trained (``on_before_backward``, which a GradScaler
+    hands the scaled loss: unscaled here)."""
+    loss = loss.detach()
+    scaler = _scaler(trainer)
+    if scaler is not None:
+        # The scale as a tensor on the device: get_scale() would read it back to the host.
+        loss = loss / scaler._get_scale_async()
+    _record(trainer, trainer.global_step).loss = loss
 
 
 def note_grad_norm(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -185,7 +197,7 @@ def _local(record: _Step, trainer: pl.Trainer, name: str, outputs: Any) -> Any:
 
 def _gather(trainer: pl.Trainer, record: _Step, names: list[str], outputs: Any) -> Values:
     device = trainer.strategy.root_device
-    values, here = [], []
+    values, flags, here = [], [], []
     for name in names:
         value = _local(record, trainer, name, outputs)
         usable = isinstance(value, torch.Tensor) and value.numel() == 1
@@ -195,13 +207,14 @@ def _gather(trainer: pl.Trainer, record: _Step, names: list[str], outputs: Any) 
         else:  # a Python number, or none: filled on the device (a copy there would sync)
             number = float(value) if here[-1] else math.nan
             values.append(torch.full((), number, dtype=torch.float64, device=device))
-    local = torch.stack(values)  # (n,)
-    flags = torch.stack(
-        [torch.full((), float(h), dtype=torch.float64, device=device) for h in here]
-    )
+        flags.append(torch.full((), float(here[-1]), dtype=torch.float64, device=device))
+        if name == GRAD_NORM and here[-1] and _scaler(trainer) is not None:
+            # An inf norm is a GradScaler's routine overflow (it skips that step): no value.
+            flags[-1] = torch.isfinite(values[-1]).double()
+    local, present = torch.stack(values), torch.stack(flags)  # (n,) each
     if trainer.world_size == 1:
-        return Values(names, local[None], flags[None].bool(), here)
-    gathered = trainer.strategy.all_gather(torch.stack([local, flags]))
+        return Values(names, local[None], present[None].bool(), here)
+    gathered = trainer.strategy.all_gather(torch.stack([local, present]))
     gathered = gathered.reshape(trainer.world_size, 2, len(names))
     return Values(names, gathered[:, 0], gathered[:, 1].bool(), here)
 

@@ -149,6 +149,18 @@ def check_state_shapes(saved: dict[str, torch.Tensor], current: dict[str, torch.
         )
 
 
+def check_one_batch_per_step(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """Raises ``ValueError`` for a fit whose global step does not advance once per batch of
+    a ``StepLoader`` (it serves the batch of each global step)."""
+    uses_loader = any(isinstance(loader, StepLoader) for loader in train_loaders(trainer))
+    if uses_loader and trainer.accumulate_grad_batches != 1:
+        raise ValueError(
+            f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) with a "
+            "StepLoader: it serves the batch of each global step, one batch per step; give "
+            "it batch_size = the rows a step should see instead"
+        )
+
+
 def train_loaders(trainer: pl.Trainer) -> list[Any]:
     """The Trainer's train loaders, flattened from what ``trainer.train_dataloader`` holds."""
     loaders: Any = trainer.train_dataloader
@@ -164,7 +176,12 @@ class ExactResume(Callback):
     resumed from a ``.ckpt`` draws other masks than the run that went on. This callback
     saves the torch (CPU, and each CUDA device), Python and NumPy RNG states of every
     rank (every rank draws its own; only rank 0 writes the file) and restores each rank's
-    at ``on_train_start``, after everything else of the resume. It also:
+    at the start of the first step, after everything else of the resume drew. Whatever
+    is drawn between a checkpoint and the next step (a validation with random draws, a
+    hook) is not in the training stream: from the next step's start the uninterrupted run
+    goes on from the checkpoint's states too, as a resume from it does (Lightning's resume
+    skips that validation). A save inside a step (Lightning's ``on_exception`` checkpoint)
+    holds the states of that step's start. It also:
 
     - records a fingerprint (torch and Lightning versions, the CPU's SIMD kernels, CPU
       threads, subnormal flushing, device and GPU, world size, precision, deterministic
@@ -173,7 +190,8 @@ class ExactResume(Callback):
     - refuses weights of other shapes before any step, naming each tensor;
     - loads float64 weights into a ``precision="64-true"`` run unrounded (Lightning loads
       them before its precision plugin converts the module, which rounded them to float32);
-    - seeks every ``StepLoader`` of the fit to ``trainer.global_step`` at its start, and
+    - seeks every ``StepLoader`` of the fit to ``trainer.global_step`` at its start and at
+      each epoch's (a reloaded loader), refuses ``accumulate_grad_batches`` with one, and
       refuses a step that trains on another step's batch.
 
     Everything it writes is plain data (``torch.load(weights_only=True)``).
@@ -183,6 +201,11 @@ class ExactResume(Callback):
             ``torch.use_deterministic_algorithms(True)``, cuDNN deterministic and not
             benchmarking, and ``CUBLAS_WORKSPACE_CONFIG`` (set only if unset). Recorded in
             the fingerprint either way.
+
+    Raises:
+        ValueError: ``deterministic`` not a bool; weights of other shapes at a resume;
+            ``accumulate_grad_batches`` with a ``StepLoader``.
+        RuntimeError: a ``StepLoader`` batch of another step than the global step.
 
     Example:
         >>> trainer = Trainer(max_steps=100, callbacks=[ExactResume()])
@@ -196,6 +219,9 @@ class ExactResume(Callback):
         self.deterministic = deterministic
         self._trainer: pl.Trainer | None = None
         self._pending: dict[str, Any] | None = None
+        self._rewind: dict[str, Any] | None = None
+        self._in_step = False
+        self._step_start: dict[str, Any] | None = None
         self._restored = False
         self._hook: RemovableHandle | None = None
 
@@ -235,7 +261,13 @@ class ExactResume(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        states = collect_rng_states()
+        # A save inside a step (Lightning's on_exception checkpoint) resumes that step: it
+        # must draw again what the step drew, from its start.
+        states = self._step_start if self._in_step else collect_rng_states()
+        # What a resume from this file draws next, the uninterrupted run draws too: from
+        # the next step's start on it goes on from these states, whatever validation or a
+        # hook drew between this save and that step (a resume fast-forwards past them).
+        self._rewind = states
         trainer = self._trainer
         by_rank: list[Any] = [states]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -273,19 +305,28 @@ class ExactResume(Callback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        check_one_batch_per_step(trainer, pl_module)
+        self._seek(trainer)
+        resumed = trainer.ckpt_path is not None and trainer.global_step > 0
+        if resumed and self._pending is None and not self._restored:
+            warnings.warn(
+                f"ExactResume: the fit starts at step {trainer.global_step} from a "
+                "checkpoint without ExactResume's state (RNG states): its random draws "
+                "(dropout) are not those of the run that wrote it",
+                stacklevel=2,
+            )
+        # Put back at the first step's start, after every hook of the fit's start drew.
+        self._rewind, self._pending = self._pending, None
+
+    @staticmethod
+    def _seek(trainer: pl.Trainer) -> None:
         for loader in train_loaders(trainer):
             if isinstance(loader, StepLoader):  # no batch was fetched yet: it has a length
                 loader.seek(trainer.global_step)
-        if self._pending is not None:
-            set_rng_states(self._pending)
-        elif trainer.ckpt_path is not None and trainer.global_step > 0 and not self._restored:
-            warnings.warn(
-                f"ExactResume: the fit starts at step {trainer.global_step} from a checkpoint "
-                "without ExactResume's state (RNG states): its random draws (dropout) are not "
-                "those of the run that wrote it",
-                stacklevel=2,
-            )
-        self._pending = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._seek(trainer)  # a loader built anew for the epoch (reload_dataloaders_every_n)
 
     @override
     def on_train_batch_start(
@@ -295,9 +336,20 @@ class ExactResume(Callback):
             if isinstance(loader, StepLoader) and loader.next_step != trainer.global_step + 1:
                 raise RuntimeError(
                     f"the StepLoader delivered the batch of step {loader.next_step - 1} at "
-                    f"global step {trainer.global_step}: the data is out of step with the "
-                    "optimizer (was the loader iterated outside the fit?)"
+                    f"global step {trainer.global_step}: the global step does not advance by "
+                    "one per batch here (an epoch ended early by on_train_batch_start "
+                    "returning -1, several optimizer steps per batch under manual "
+                    "optimization, or the loader iterated outside the fit). StepLoader "
+                    "serves the batch of each global step: advance it once per batch"
                 )
+        if self._rewind is not None:
+            set_rng_states(self._rewind)
+            self._rewind = None
+        self._in_step, self._step_start = True, collect_rng_states()
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._in_step = False  # before Lightning's ModelCheckpoint saves (it runs last)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

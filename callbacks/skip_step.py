@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks._common import check_finite_above, check_integer
 from lit_spikes.callbacks._watch import (
+    GRAD_NORM,
     LOSS,
     Watcher,
     monitor_names,
@@ -48,10 +49,14 @@ class SkipStep(Watcher):
     DDP averaged the gradients, so it is identical already. Every rank thus holds the same
     window and skips the same steps.
 
-    Every finite value enters the window, skipped ones too (as in OLMo-core), so a loss
-    that settles on a higher level stops being skipped. The window and the skipped steps
-    (the last ``max_records``) are the callback's state (``state_dict``), bounded however
-    long the run: a run resumed from a checkpoint decides exactly as the uninterrupted one.
+    A NaN or inf value is always skipped (it never enters the window). Every finite value
+    enters the window, skipped ones too (as in OLMo-core), so a loss that settles on a
+    higher level stops being skipped. Optimizer state that is not a tensor (a Python step
+    count) cannot be put back on the device and moves on a skipped step; state the skipped
+    step created goes back to zeros (where AdamW's and SGD's start). The window and the
+    skipped steps (the last ``max_records``) are the callback's state (``state_dict``),
+    bounded however long the run: a run resumed from a checkpoint decides exactly as the
+    uninterrupted one.
     The decisions come back to the host every 50 steps, at a checkpoint and at the fit's
     end (for the record only: they never wait for the host): then ``skipped_steps`` lists
     them and ``skip_step/skipped`` is logged at each skipped step.
@@ -68,6 +73,8 @@ class SkipStep(Watcher):
         initial: values to start the window with, e.g. the losses of the run this one
             branches from; a checkpoint's state replaces them.
         max_records: skipped steps kept in the state (the latest).
+        strict: a ``callback_metrics`` name the module never logs at a step is an error
+            (as ``SpikeDetector(strict=True)``); False: that step is not judged.
 
     Raises:
         ValueError: an argument out of range, or a non-finite initial value.
@@ -88,6 +95,7 @@ class SkipStep(Watcher):
         start_step: int = 0,
         initial: Sequence[float] = (),
         max_records: int = 1000,
+        strict: bool = True,
     ) -> None:
         super().__init__()
         self.monitors = monitor_names(monitor, "SkipStep")
@@ -106,6 +114,7 @@ class SkipStep(Watcher):
         self.monitor, self.window, self.sigma = self.monitors[0], window, sigma
         self.warmup, self.start_step = warmup, start_step
         self.max_records = check_integer("max_records", max_records, 1)
+        self.strict = strict
         self.values: deque[float] = deque(values[-window:], maxlen=window)
         self.skipped_steps: deque[int] = deque(maxlen=self.max_records)
         self._window: torch.Tensor | None = None
@@ -142,7 +151,8 @@ class SkipStep(Watcher):
         mean = torch.where(filled, window, 0.0).sum() / count
         spread = torch.where(filled, (window - mean) ** 2, 0.0).sum() / (count - 1)
         finite = torch.isfinite(value)
-        skip = finite & (count >= self.warmup) & (value > mean + self.sigma * spread.sqrt())
+        over = finite & (count >= self.warmup) & (value > mean + self.sigma * spread.sqrt())
+        skip = ~finite | over  # a NaN or inf never reaches the weights
         if step < self.start_step:
             skip = torch.zeros_like(skip)
         self._window = torch.where(finite, torch.cat([window[1:], value[None]]), window)
@@ -198,16 +208,31 @@ class SkipStep(Watcher):
         note_grad_norm(trainer, pl_module)  # for every watcher, once a step
         values = step_values(trainer, step, self.monitors)
         if not values.here[0]:
+            if self.strict and self.monitor not in (LOSS, GRAD_NORM):
+                raise RuntimeError(
+                    f"SkipStep(monitor={self.monitor!r}): not in trainer.callback_metrics at "
+                    f"step {step} (the module logs {sorted(trainer.callback_metrics)}). Log it "
+                    "with self.log(..., on_step=True) in training_step (a value logged "
+                    "on_epoch only is there at the epoch's end), or pass strict=False"
+                )
             return  # nothing to judge by (no loss: the module skipped the batch)
         self._skip = self._judge(step, values.reduced("mean")[0])
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._skip, self._saved = None, []  # a step the scaler skipped ran no hook
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     def _may_skip(self, step: int) -> bool:
         return step >= self.start_step and self._seen >= self.warmup
 
     def _snapshot(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         # Before the step (and before the closure computes this step's gradients).
+        # Under a GradScaler the closure (and so the decision) ran before this hook.
         trainer = self._trainer
-        self._skip, self._saved = None, []
+        self._saved = []
         if trainer is None or not self._may_skip(trainer.global_step):
             return
         for group in optimizer.param_groups:
@@ -218,16 +243,18 @@ class SkipStep(Watcher):
 
     def _restore(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         skip, saved = self._skip, self._saved
-        self._saved = []
+        self._saved, self._skip = [], None
         if skip is None or not saved:
             return
         with torch.no_grad():
             for param, before, state in saved:
                 param.copy_(torch.where(skip.to(param.device), before, param))
-                now = optimizer.state.get(param, {})
-                for key, old in state.items():
-                    if key in now:
-                        now[key].copy_(torch.where(skip.to(old.device), old, now[key]))
+                for key, now in optimizer.state.get(param, {}).items():
+                    if not isinstance(now, torch.Tensor):
+                        continue  # not restorable on the device (see the docstring)
+                    # State the skipped step created: back to zeros, AdamW's and SGD's start.
+                    old = state[key] if key in state else torch.zeros_like(now)
+                    now.copy_(torch.where(skip.to(now.device), old, now))
 
     def _remove_hooks(self) -> None:
         for hook in self._hooks:

@@ -181,8 +181,8 @@ class SpikeDetector(Watcher):
             return None
         mean = statistics.fmean(recent)  # plain floats: microseconds, no tensor work
         limits = []
-        if self.ratio is not None:
-            limits.append(self.ratio * mean)
+        if self.ratio is not None:  # a rise of ratio x |mean| above a negative mean too
+            limits.append(self.ratio * mean if mean > 0 else mean + (self.ratio - 1) * -mean)
         if self.z_score is not None:
             limits.append(mean + self.z_score * statistics.stdev(recent))
         return min(limits) if self.mode == "any" else max(limits)
@@ -281,7 +281,8 @@ class SpikeDetector(Watcher):
             raise RuntimeError(
                 f"SpikeDetector(monitor={list(self.monitors)!r}): {missing} not in "
                 f"trainer.callback_metrics at step {trainer.global_step - 1} (the module logs "
-                f"{there}). Log it with self.log in training_step, or pass strict=False"
+                f"{there}). Log it with self.log(..., on_step=True) in training_step (a value "
+                "logged on_epoch only is there at the epoch's end), or pass strict=False"
             )
 
     @property

@@ -94,7 +94,9 @@ def main() -> None:
     whole = fit(root / "whole", 25, [])
     fit(root / "run", 20, [])
     resumed = fit(root / "run", 25, [], ckpt=root / "run" / "checkpoints" / "step=20.ckpt")
-    pairs = zip(whole.lightning_module.parameters(), resumed.lightning_module.parameters())
+    pairs = zip(
+        whole.lightning_module.parameters(), resumed.lightning_module.parameters(), strict=True
+    )
     assert all(torch.equal(a, b) for a, b in pairs), "the resumed run differs"
     print("resume: the run resumed at step 20 equals the uninterrupted one, bit for bit")
 
@@ -112,8 +114,10 @@ def main() -> None:
     run = fit(root / "remedy", 60, [rollback, skip, after], ckpt=rollback.ckpt_path)
     assert not after.spikes and run.global_step == 60, "the remedy did not hold"
     loss = float(run.callback_metrics["train_loss"])
-    print(f"remedy: rolled back to step {rollback.ckpt_step}, skipped data positions "
-          f"{spike - 2}-{spike + 2}, trained to step 60 without a spike (loss {loss:.3f})")
+    print(
+        f"remedy: rolled back to step {rollback.ckpt_step}, skipped data positions "
+        f"{spike - 2}-{spike + 2}, trained to step 60 without a spike (loss {loss:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -155,8 +155,9 @@ class StepLoader:
         skip: data positions never trained on (``BatchSkipper`` adds to them).
 
     Raises:
-        ValueError: a dataset with fewer rows than ``batch_size``, a ``batch_size`` or
-            ``seed`` out of range, a bad skip position.
+        ValueError: a dataset that is not map-style or has fewer rows than ``batch_size``,
+            a ``batch_size``, ``seed`` or ``num_workers`` out of range, a ``shuffle`` that is
+            not a bool, a bad skip position.
 
     Example:
         >>> loader = StepLoader(TensorDataset(x, y), batch_size=32, seed=0)
@@ -180,6 +181,16 @@ class StepLoader:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed={seed!r} must be an integer in [0, 2**63)")
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise ValueError(
+                f"dataset={type(dataset).__name__}: StepLoader needs a map-style dataset "
+                "(__getitem__ and __len__) to find the rows of a step; an IterableDataset has "
+                "no row k to go back to"
+            )
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"shuffle={shuffle!r} must be True or False")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
         rows = len(dataset)  # type: ignore[arg-type]
         if rows < batch_size:
             raise ValueError(

@@ -250,10 +250,10 @@ def bench_detector(console: Console, step_ms: float) -> None:
     """Part 4: the spike detector's cost per step, and the time from a detected spike to
     the first step of a remedy branch (choosing the checkpoint, building the Trainer,
     restoring), beyond the steps recomputed."""
-    from lit_spikes.callbacks import LRScaler, RollbackRestore
     from lit_spikes.branches import Branch, run_branch
+    from lit_spikes.callbacks import LRScaler, RollbackRestore
 
-    detector = SpikeDetector(metrics=("loss", "max_logit", "grad_norm"), z_score=6.0)
+    detector = SpikeDetector(monitor=("loss", "max_logit", "grad_norm"), z_score=6.0)
     record = {"loss": 2.0, "max_logit": 300.0, "grad_norm": 0.3}
     calls = 20_000
     start = time.perf_counter()

@@ -72,7 +72,9 @@ def ms_per_step(with_library: bool, steps: int, warmup: int) -> float:
         callbacks=callbacks,
     )
     trainer.fit(module, train_dataloaders=loader)
-    spans = [b - a for a, b in zip(stamps.starts[warmup:], stamps.starts[warmup + 1 :])]
+    spans = [
+        b - a for a, b in zip(stamps.starts[warmup:], stamps.starts[warmup + 1 :], strict=False)
+    ]
     return 1000 * statistics.median(spans)
 
 

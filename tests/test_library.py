@@ -85,12 +85,13 @@ def resume_pair(
     make_module: Callable[[], pl.LightningModule],
     make_loader: Callable[[], Any],
     callbacks: Callable[[], Sequence[Callback]] = lambda: [ExactResume()],
+    resume_at: int = RESUME_AT,
     **kwargs: Any,
 ) -> tuple[pl.Trainer, pl.Trainer]:
-    """The uninterrupted run to STEPS and the one resumed at RESUME_AT in a new Trainer."""
+    """The uninterrupted run to STEPS and the one resumed at ``resume_at`` in a new Trainer."""
     whole = train(tmp_path / "a", make_module(), make_loader(), STEPS, callbacks(), **kwargs)
-    train(tmp_path / "b", make_module(), make_loader(), RESUME_AT, callbacks(), **kwargs)
-    ckpt = tmp_path / "b" / f"step={RESUME_AT}.ckpt"
+    train(tmp_path / "b", make_module(), make_loader(), resume_at, callbacks(), **kwargs)
+    ckpt = tmp_path / "b" / f"step={resume_at}.ckpt"
     resumed = train(
         tmp_path / "c", make_module(), make_loader(), STEPS, callbacks(), ckpt, **kwargs
     )
@@ -108,6 +109,69 @@ def test_a_resume_from_a_ckpt_equals_the_uninterrupted_run(
     whole, resumed = resume_pair(tmp_path, module, loader)
     assert states_equal(whole, resumed) == []
     assert whole.lightning_module.losses[RESUME_AT:] == resumed.lightning_module.losses
+
+
+class ValidationDraws(DropoutRegressor):
+    """Validates on a shuffled loader and draws in validation_step (as a VAE does)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        noise = 0.01 * torch.randn_like(x)
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x + noise), y))
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(regression_data(seed=1), BATCH, shuffle=True)
+
+
+class StartDraws(DropoutRegressor):
+    def on_train_start(self) -> None:
+        torch.rand(3)  # after ExactResume's own on_train_start
+
+
+class FailsOnce(DropoutRegressor):
+    """Raises in the training step of step 12, once: OnExceptionCheckpoint saves there."""
+
+    failed = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == 12 and not FailsOnce.failed:
+            FailsOnce.failed = True
+            torch.rand(5)  # a draw of the failing step before it fails
+            raise RuntimeError("planted")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize(
+    ("module", "resume_at", "kwargs"),
+    [
+        (ValidationDraws, 10, {"val_check_interval": 5, "check_val_every_n_epoch": None}),
+        (StartDraws, RESUME_AT, {}),
+    ],
+)
+def test_draws_between_a_checkpoint_and_the_next_step_do_not_break_the_resume(
+    tmp_path: Path, module: type[pl.LightningModule], resume_at: int, kwargs: dict[str, Any]
+) -> None:
+    """A validation at the checkpoint's step (Lightning's resume skips it) or a hook at the
+    fit's start drew from the RNG the resumed run restored: it trained on other masks."""
+    whole, resumed = resume_pair(tmp_path, module, loader, resume_at=resume_at, **kwargs)
+    assert states_equal(whole, resumed) == []
+
+
+def test_a_checkpoint_saved_inside_a_failing_step_resumes_that_step(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+    whole = train(tmp_path / "a", DropoutRegressor(), loader(), 20, [ExactResume()])
+    saver = OnExceptionCheckpoint(tmp_path / "b", filename="failed")
+    with pytest.raises(RuntimeError, match="planted"):
+        train(tmp_path / "b", FailsOnce(), loader(), 20, [ExactResume(), saver])
+    ckpt = tmp_path / "b" / "failed.ckpt"
+    resumed = train(tmp_path / "c", DropoutRegressor(), loader(), 20, [ExactResume()], ckpt)
+    assert states_equal(whole, resumed) == []
+
+
+def test_gradient_accumulation_with_a_step_loader_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=2\) with a StepLoader"):
+        train(tmp_path, LoggingRegressor(), loader(), 4, [ExactResume()], accumulate_grad_batches=2)
 
 
 def test_without_exact_resume_dropout_resumes_otherwise(tmp_path: Path) -> None:
@@ -358,3 +422,24 @@ def test_the_gpu_check_runs_its_cpu_path(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count(": bit-equal") == 4, result.stdout
     assert "no CUDA device: skipping" in result.stdout
+
+
+class _Stream(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(10))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: StepLoader(regression_data(), 0), r"batch_size=0 must be an integer >= 1"),
+        (lambda: StepLoader(regression_data(rows=4), 8), r"has 4 rows, fewer than batch_size=8"),
+        (lambda: StepLoader(regression_data(), 8, num_workers=-1), r"num_workers=-1"),
+        (lambda: StepLoader(regression_data(), 8, shuffle="no"), r"shuffle='no' must be True"),
+        (lambda: StepLoader(regression_data(), 8, skip=[-2]), r"skip position -2"),
+        (lambda: StepLoader(_Stream(), 8), r"needs a map-style dataset"),
+    ],
+)
+def test_bad_loader_arguments_are_refused_by_name(make: Callable[[], Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
