@@ -34,14 +34,20 @@ REMEDY_CHANGES: dict[str, dict[str, Any]] = {
     "halve_lr": {
         "trainer.callbacks": [
             "lit_spikes.callbacks.SpikeDetector",
-            {"class_path": "lit_spikes.callbacks.LRScaler", "init_args": {"factor": 0.5, "start_step": 100}},
+            {
+                "class_path": "lit_spikes.callbacks.LRScaler",
+                "init_args": {"factor": 0.5, "start_step": 100},
+            },
         ]
     },
     "clipping": {"trainer.gradient_clip_val": 1.0},
     "skip_data": {
         "trainer.callbacks": [
             "lit_spikes.callbacks.SpikeDetector",
-            {"class_path": "lit_spikes.callbacks.BatchSkipper", "init_args": {"ranges": [[120, 150]]}},
+            {
+                "class_path": "lit_spikes.callbacks.BatchSkipper",
+                "init_args": {"ranges": [[120, 150]]},
+            },
         ]
     },
     "qk_norm": {"model.gpt.qk_norm": True},
