@@ -92,6 +92,11 @@ def software_fingerprint() -> dict[str, str]:
     }
 
 
+def _scaler_name(trainer: pl.Trainer | None) -> str | None:
+    scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+    return type(scaler).__name__ if scaler is not None else None
+
+
 def fingerprint(trainer: pl.Trainer | None) -> dict[str, Any]:
     """What decides the numerics of a step, beyond the checkpointed state."""
     device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
@@ -103,6 +108,8 @@ def fingerprint(trainer: pl.Trainer | None) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "world_size": trainer.world_size if trainer is not None else 1,
         "precision": str(trainer.precision) if trainer is not None else "32-true",
+        # Its state (scale, growth tracker) Lightning saves itself, with the precision plugin.
+        "grad_scaler": _scaler_name(trainer),
         "deterministic": deterministic_settings(),
         "gradient_clip": gradient_clipping(trainer),
     }

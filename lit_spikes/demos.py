@@ -180,7 +180,9 @@ class DemoSetup:
         it watches for spikes (demo 2 needs them) without acting on them."""
         from lit_spikes.callbacks import SpikeDetector
 
-        changes.setdefault("callbacks", [SpikeDetector(min_step=self.optim.warmup_steps)])
+        # Judged every step: the main job plans demo 2's branches as soon as the spike shows.
+        detector = SpikeDetector(min_step=self.optim.warmup_steps, read_every=1)
+        changes.setdefault("callbacks", [detector])
         changes.setdefault("val_every", self.val_every)
         return self.branch(
             REFERENCE,

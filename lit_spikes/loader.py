@@ -191,7 +191,7 @@ class StepLoader:
             raise ValueError(f"shuffle={shuffle!r} must be True or False")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-        rows = len(dataset)  # type: ignore[arg-type]
+        rows = len(dataset)
         if rows < batch_size:
             raise ValueError(
                 f"the dataset has {rows} rows, fewer than batch_size={batch_size}: no step "
@@ -233,7 +233,7 @@ class StepLoader:
         """The dataset indices of data epoch ``epoch`` in training order (shuffled only)."""
         if epoch not in self._orders:
             generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-            full = torch.randperm(len(self.dataset), generator=generator)  # type: ignore[arg-type]
+            full = torch.randperm(len(self.dataset), generator=generator)
             # As NumPy: a step's rows are then Python ints without a tensor read each step.
             self._orders = {epoch: full.numpy()}  # one epoch kept: steps walk forward
         return self._orders[epoch]
@@ -294,7 +294,7 @@ class StepLoader:
             "skip": list(self.skip),
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "rows": len(self.dataset),  # type: ignore[arg-type]
+            "rows": len(self.dataset),
             "shuffle": self.shuffle,
         }
 

