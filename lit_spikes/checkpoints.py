@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import CheckpointIO
 from typing_extensions import override
 
@@ -329,7 +328,7 @@ class AtomicCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None:
             raise TypeError(
@@ -357,7 +356,7 @@ class AtomicCheckpointIO(CheckpointIO):
 
     @override
     def load_checkpoint(
-        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+        self, path: str | Path, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         if weights_only is False:
             raise ValueError(
@@ -374,7 +373,7 @@ class AtomicCheckpointIO(CheckpointIO):
         return load_checkpoint(path, weights_enough=True)
 
     @override
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
         path.unlink(missing_ok=True)
         if _spawn_handover(path):  # Lightning leaves its mkdtemp() directory behind

@@ -96,15 +96,12 @@ def optimized_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]
 
 
 def grad_norm(parameters: Any) -> torch.Tensor:
-    """Total L2 norm of the gradients, bit-equal to what ``clip_grad_norm_`` measures (the
-    norm of the per-tensor norms), changing nothing. ``get_total_norm`` takes one Python
-    call per tensor on the CPU (no foreach kernels there); ``_foreach_norm`` runs the same
-    per-tensor kernel in one call: 0.47 instead of 0.61 ms a step here."""
+    """Total L2 norm of the gradients, what ``clip_grad_norm_`` measures (its own
+    ``get_total_norm``), changing nothing."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    return norm
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
 def set_flush_denormal(enabled: bool) -> None:
@@ -370,7 +367,7 @@ class TinyGPTModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # What a resume needs beyond the weights: not for validate, test, or weights loaded
         # with load_from_checkpoint (no Trainer), which a weights-only file serves too.
-        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        fitting = _fitting(self)
         if fitting and "optimizer_states" not in checkpoint:
             raise CheckpointError(
                 Path(self.trainer.ckpt_path or "(unnamed)"),
@@ -400,6 +397,15 @@ class TinyGPTModule(pl.LightningModule):
             return  # the weights are all that validate, test or a new run take from it
         self._restored_for_fit = True
         self.nonfinite_steps = list(entry.get("nonfinite_steps", []))
+
+
+def _fitting(module: pl.LightningModule) -> bool:
+    """Whether ``module`` is attached to a Trainer that fits (not validate, test, or
+    ``load_from_checkpoint``'s bare module, whose ``trainer`` property raises)."""
+    try:
+        return module.trainer.state.fn == TrainerFn.FITTING
+    except RuntimeError:
+        return False
 
 
 def destroy_process_group() -> None:

@@ -61,9 +61,12 @@ class RunLogger(TensorBoardLogger):
         if VAL_TAG in metrics and step is not None:
             self._final_bpc = (float(metrics[VAL_TAG]), step)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real)}
-        if scalars and not self._prefix:  # one event, as add_scalar writes each of them
+        # One event, as add_scalar writes each of them; a writer closed by a finalize (a
+        # requeue signal's save) has none until add_scalar makes it anew: that way then.
+        writer = self.experiment.file_writer
+        if scalars and not self._prefix and writer is not None:
             values = [Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
-            self.experiment.file_writer.add_summary(Summary(value=values), step)
+            writer.add_summary(Summary(value=values), step)
             metrics = {k: v for k, v in metrics.items() if k not in scalars}
         if metrics:
             super().log_metrics(metrics, step)

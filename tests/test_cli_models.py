@@ -56,7 +56,8 @@ USER_RUN = [
 def _fit_in_a_process(args: list[str]) -> None:
     script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
     # importable wherever: jsonargparse imports a --config file's classes from its folder
-    env = os.environ | {"PYTHONPATH": str(REPO)}
+    # The process settings of the run it resumes (this one's): a user's module sets none.
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
     done = subprocess.run(
         [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True
     )

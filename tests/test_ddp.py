@@ -248,7 +248,7 @@ class _Strategy:
 class _Trainer:
     """What the watching callbacks read of a Trainer under 2 processes."""
 
-    world_size, global_step = 2, 5
+    world_size, global_step, precision_plugin = 2, 5, None
 
     def __init__(self, strategy: _Strategy, callbacks: list[Any]) -> None:
         self.strategy, self.callbacks = strategy, callbacks
