@@ -67,6 +67,12 @@ class Watcher(Callback):
             read_back(trainer)
 
     @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        note_loss(trainer, loss)  # once a step is enough; each watcher may be the only one
+
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         read_back(trainer)
 

@@ -20,7 +20,6 @@ from lit_spikes.callbacks._watch import (
     Watcher,
     monitor_names,
     note_grad_norm,
-    note_loss,
     step_values,
 )
 from lit_spikes.callbacks._watch import _read as read_now
@@ -193,12 +192,6 @@ class SkipStep(Watcher):
         for optimizer in trainer.optimizers:
             self._hooks.append(optimizer.register_step_pre_hook(self._snapshot))
             self._hooks.append(optimizer.register_step_post_hook(self._restore))
-
-    @override
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        note_loss(trainer, loss)
 
     @override
     def on_before_optimizer_step(

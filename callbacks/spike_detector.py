@@ -20,7 +20,6 @@ from lit_spikes.callbacks._watch import (
     Watcher,
     monitor_names,
     note_grad_norm,
-    note_loss,
     read_back,
     step_values,
 )
@@ -215,12 +214,6 @@ class SpikeDetector(Watcher):
         self.spikes.extend(found)
         self.num_spikes += len(found)
         return found
-
-    @override
-    def on_before_backward(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
-    ) -> None:
-        note_loss(trainer, loss)
 
     @override
     def on_before_optimizer_step(
