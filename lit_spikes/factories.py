@@ -1,0 +1,113 @@
+"""What to train, named the way LightningCLI takes it (a class path and its ``init_args``)
+or given as a factory: the model, the data and the remedies of ``recover`` and
+``diagnose``. A factory is called once per run, so every branch or replay starts from a
+new object built the same way."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Factory = Callable[[], Any]
+"""A callable with no arguments that builds a new object each call."""
+
+
+def import_class(path: str, base: type, what: str) -> type:
+    """The class ``path`` names (``package.module.Class``), checked to be a ``base``.
+
+    Raises:
+        ValueError: ``path`` is not a dotted name, its module or class does not exist, or
+            the class is not a ``base``; the message names ``what`` (e.g. ``--model``).
+    """
+    module_name, _, name = path.rpartition(".")
+    if not module_name or not name:
+        raise ValueError(f"{what}={path!r} is not a class path (package.module.Class)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{what}={path!r}: cannot import {module_name!r} ({error})") from None
+    klass = getattr(module, name, None)
+    if not isinstance(klass, type):
+        raise ValueError(f"{what}={path!r}: {module_name!r} has no class {name!r}")
+    if not issubclass(klass, base):
+        raise ValueError(f"{what}={path!r} is not a {base.__name__}")
+    return klass
+
+
+@dataclass(frozen=True)
+class ClassPath:
+    """A class by its import path and the keyword arguments it is built with, as
+    LightningCLI's ``class_path``/``init_args`` (and a YAML config) write it.
+
+    Example:
+        >>> ClassPath("lit_spikes.callbacks.LRScaler", {"factor": 0.5}).build()
+    """
+
+    class_path: str
+    """``package.module.Class``."""
+    init_args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of its ``__init__``."""
+
+    @classmethod
+    def of(cls, value: Any, what: str) -> ClassPath:
+        """A ``ClassPath`` from a class path string, a ``{"class_path", "init_args"}``
+        mapping, a class, or a ``ClassPath``.
+
+        Raises:
+            ValueError: anything else, or a mapping with other keys (named by ``what``).
+        """
+        if isinstance(value, ClassPath):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, type):
+            return cls(f"{value.__module__}.{value.__qualname__}")
+        if isinstance(value, Mapping) and isinstance(value.get("class_path"), str):
+            unknown = sorted(set(value) - {"class_path", "init_args"})
+            if unknown:
+                raise ValueError(f"{what}: unknown keys {unknown}; give class_path and init_args")
+            init_args = value.get("init_args") or {}
+            if not isinstance(init_args, Mapping):
+                raise ValueError(f"{what}.init_args={init_args!r} is not a mapping")
+            return cls(value["class_path"], dict(init_args))
+        raise ValueError(
+            f"{what}={value!r} is neither a class path nor a mapping of class_path and init_args"
+        )
+
+    def klass(self, base: type = object, what: str = "class_path") -> type:
+        """The class, imported and checked (see ``import_class``)."""
+        return import_class(self.class_path, base, what)
+
+    def build(self, base: type = object, what: str = "class_path", **overrides: Any) -> Any:
+        """A new instance: ``init_args`` with ``overrides`` on top.
+
+        Raises:
+            ValueError: the class cannot be imported or is not a ``base``.
+            TypeError: an argument its ``__init__`` does not take (named, with ``what``).
+        """
+        klass = self.klass(base, what)
+        try:
+            return klass(**{**self.init_args, **overrides})
+        except TypeError as error:
+            raise TypeError(f"{what}={self.class_path}: {error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as a YAML config or a ledger holds it."""
+        return {"class_path": self.class_path, "init_args": dict(self.init_args)}
+
+
+def factory_of(value: Any, base: type, what: str) -> Factory:
+    """A factory from a factory (a callable that is not a class) or anything
+    ``ClassPath.of`` takes; the class is imported and checked at once.
+
+    Raises:
+        ValueError: see ``ClassPath.of`` and ``import_class``.
+    """
+    if callable(value) and not isinstance(value, type):
+        factory: Factory = value
+        return factory
+    path = ClassPath.of(value, what)
+    path.klass(base, what)  # a bad path fails here, before any run starts
+    return lambda: path.build(base, what)
