@@ -1,0 +1,126 @@
+"""The parser every ``lit-spikes`` command outside the LightningCLI is built with: its
+options are the fields of the command's config dataclass (each with its docstring as help,
+nested dataclasses as ``--section.field``), ``--config`` takes a YAML of them,
+``--print_config`` writes one back, ``--model``/``--data`` take class paths as ``lit-spikes
+fit`` does, and a mistake gets two lines: the usage and the error, with the closest option
+to a misspelt one."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import fields, is_dataclass
+from typing import Any, NoReturn
+
+import jsonargparse
+from jsonargparse import ArgumentParser, Namespace
+from typing_extensions import override
+
+# Field docstrings (a string under the field, as the configs write them) become the help.
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+_UNKNOWN = re.compile(r"(?:unrecognized arguments|Unrecognized arguments): (.*)")
+
+
+class CommandParser(ArgumentParser):
+    """A jsonargparse parser whose errors are two lines (usage, error) and name the option
+    closest to an unknown one (``--checkpoint-every``: did you mean
+    ``--checkpoint_every``?)."""
+
+    command = "lit-spikes"
+    """The command's name in its errors (nested parsers of ``--model`` share it)."""
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        first = message.strip().splitlines()[0] if message.strip() else "invalid arguments"
+        unknown = _UNKNOWN.search(first)
+        if unknown:
+            known = [a for action in self._actions for a in action.option_strings]
+            for word in unknown[1].split():
+                option = word.partition("=")[0]
+                close = difflib.get_close_matches(option.replace("-", "_"), known, n=1, cutoff=0.7)
+                if option.startswith("--") and close:
+                    first += f" (did you mean {close[0]}?)"
+        elif len(message.strip().splitlines()) > 1:
+            first = _condensed(message)
+        print(f"usage: {self.command} [options] (--help lists them)", file=sys.stderr)
+        print(f"{self.command}: error: {first}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _condensed(message: str) -> str:
+    """jsonargparse's many-line account of a bad value cut to its key and innermost cause."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    key = re.match(r'Parser key "([^"]+)"', lines[0])
+    causes = [
+        line.lstrip("- ")
+        for line in lines[1:]
+        if not line.startswith(("Subtypes", "Errors", "Given value", "- Expected a <class 'None"))
+        and not line.startswith("- Does not validate")
+    ]
+    cause = causes[-1] if causes else lines[-1]
+    return f"--{key[1]}: {cause}" if key else f"{lines[0]} {cause}"
+
+
+def command_parser(prog: str, description: str, config_class: type) -> CommandParser:
+    """A parser of ``config_class``'s fields at the top level, with ``--config``."""
+    CommandParser.command = prog
+    parser = CommandParser(prog=prog, description=description, exit_on_error=True)
+    # jsonargparse's documented config action (not in its __all__, so mypy wants the attribute)
+    config_action = jsonargparse.ActionConfigFile  # type: ignore[attr-defined]
+    parser.add_argument("--config", action=config_action, help="a YAML file of these options")
+    parser.add_class_arguments(config_class, nested_key=None, fail_untyped=False)
+    return parser
+
+
+def add_class_path(parser: ArgumentParser, key: str, base: type, default: dict[str, Any]) -> None:
+    """``--<key> CLASS_PATH`` (and ``--<key>.init_args.NAME``) for a subclass of ``base``,
+    ``default`` (``{"class_path", "init_args"}``) when not given."""
+    parser.add_subclass_arguments(base, key, required=False)
+    parser.set_defaults({key: default})
+
+
+def as_plain(value: Any) -> Any:
+    """A parsed value as plain data (a ``Namespace`` as a dict, recursively)."""
+    if isinstance(value, Namespace):
+        return {k: as_plain(v) for k, v in vars(value).items()}
+    if isinstance(value, dict):
+        return {k: as_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_plain(v) for v in value]
+    return value
+
+
+def config_of(config_class: type, parsed: Namespace) -> Any:
+    """``config_class`` built from the parsed values of its fields (the others ignored).
+
+    Raises:
+        ValueError: a value its ``__post_init__`` refuses.
+    """
+    assert is_dataclass(config_class)
+    plain = as_plain(parsed)
+    values = {f.name: plain[f.name] for f in fields(config_class) if f.name in plain}
+    return config_class(**{k: _built(config_class, k, v) for k, v in values.items()})
+
+
+def parse_config(parser: ArgumentParser, config_class: type, argv: Any) -> tuple[Any, Namespace]:
+    """The command's config and all parsed values; a value the config refuses is a usage
+    error (two lines, as any other)."""
+    parsed = parser.parse_args(argv)
+    try:
+        return config_of(config_class, parsed), parsed
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+
+
+def _built(config_class: type, name: str, value: Any) -> Any:
+    """A nested dataclass field's value built from its dict (jsonargparse gives dicts)."""
+    kind = {f.name: f.type for f in fields(config_class)}[name]
+    nested = kind if isinstance(kind, type) else None
+    if isinstance(kind, str):  # postponed annotations: look the class up by name
+        module = sys.modules[config_class.__module__]
+        nested = getattr(module, kind, None)
+    if isinstance(value, dict) and nested is not None and is_dataclass(nested):
+        return config_of(nested, Namespace(**value))  # type: ignore[no-untyped-call]
+    return value
