@@ -1,9 +1,9 @@
 """``lit-spikes check-resume``: does a LightningModule resume bit for bit, and if not, what
 breaks it.
 
-    lit-spikes check-resume --model CLASS_PATH [--data CLASS_PATH] --steps N --resume-at K
+    lit-spikes check-resume --model CLASS_PATH [--data CLASS_PATH] --steps N --resume_at K
         [--model.ARG ...] [--data.ARG ...] [--trainer.ARG ...] [--config FILE]
-        [--seed S] [--new-process true] [--ignore-attributes '[NAME, ...]']
+        [--seed S] [--new_process true] [--ignore_attributes '[NAME, ...]']
 
 trains the module uninterrupted to step N and again interrupted at step K (a real .ckpt
 written by ModelCheckpoint, resumed in a fresh Trainer) and prints a table of components,
@@ -16,10 +16,12 @@ is exact, 1 when it is not, 2 on a usage error. Class paths, ``--config`` and
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser  # type: ignore[attr-defined]
+from jsonargparse import ArgumentParser
+
+from lit_spikes.command_line import command_parser
 
 PROG = "lit-spikes check-resume"
 CHECKER_SETS = ("max_steps", "default_root_dir", "enable_checkpointing")
@@ -35,10 +37,27 @@ TRAINER_DEFAULTS = {
 
 DESCRIPTION = (
     "Does a LightningModule resume bit for bit? Trains it uninterrupted to --steps and "
-    "interrupted at --resume-at (a ModelCheckpoint .ckpt, resumed in a fresh Trainer); prints "
+    "interrupted at --resume_at (a ModelCheckpoint .ckpt, resumed in a fresh Trainer); prints "
     "each component, same or differs, the first divergence and its likely fix. Exit status: "
     "0 the resume is exact, 1 it is not, 2 a usage error. docs/check-resume.md has more."
 )
+
+
+@dataclass(frozen=True)
+class CheckResumeConfig:
+    """How the check trains the module (its model, data and Trainer come as class paths)."""
+
+    steps: int
+    """Train to this global step."""
+    resume_at: int
+    """Interrupt at this global step, write a .ckpt, resume from it."""
+    seed: int = 0
+    """``seed_everything`` before each run."""
+    new_process: bool = False
+    """Resume in a new Python process (the classes are imported there by path)."""
+    ignore_attributes: list[str] = field(default_factory=list)
+    """Plain attributes of the module or of callbacks that are no training state (a log of
+    losses, say): not compared."""
 
 
 @dataclass(frozen=True)
@@ -64,28 +83,11 @@ def instantiate(parser: ArgumentParser, config: Any) -> Any:
 def build_parser() -> ArgumentParser:
     import lightning.pytorch as pl
 
-    parser = ArgumentParser(prog=PROG, description=DESCRIPTION)
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
+    parser = command_parser(PROG, DESCRIPTION, CheckResumeConfig)
     parser.add_subclass_arguments(pl.LightningModule, "model", required=True, fail_untyped=False)
     parser.add_subclass_arguments(
         pl.LightningDataModule, "data", required=False, fail_untyped=False
     )
-    parser.add_argument("--steps", type=int, required=True, help="train to this global step")
-    parser.add_argument(
-        "--resume-at", "--resume_at", dest="resume_at", type=int, required=True,
-        help="interrupt at this global step, write a .ckpt, resume from it",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="seed_everything before each run")
-    parser.add_argument(
-        "--new-process", "--new_process", dest="new_process", type=bool, default=False,
-        help="resume in a new Python process (the classes are imported there by path)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--ignore-attributes", "--ignore_attributes", dest="ignore_attributes",
-        type=list[str], default=[],
-        help="plain attributes of the module or of callbacks that are no training state "
-        "(a log of losses, say): not compared",
-    )  # fmt: skip
     parser.add_class_arguments(
         pl.Trainer,
         "trainer",
@@ -124,7 +126,7 @@ def _plan_arguments(parser: ArgumentParser, config: Any) -> dict[str, Any]:
 
 
 def _usage_error(message: str) -> int:
-    print(f"usage: {PROG} --model CLASS_PATH --steps N --resume-at K ...", file=sys.stderr)
+    print(f"usage: {PROG} --model CLASS_PATH --steps N --resume_at K ...", file=sys.stderr)
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
 

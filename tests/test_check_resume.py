@@ -282,7 +282,7 @@ def test_bad_input_is_refused_before_anything_runs(
 
 
 def _cli(*args: str) -> list[str]:
-    common = ["--steps", str(STEPS), "--resume-at", str(RESUME_AT)]
+    common = ["--steps", str(STEPS), "--resume_at", str(RESUME_AT)]
     return [*args, *common, "--trainer.accelerator", "cpu"]
 
 
@@ -306,9 +306,9 @@ def test_cli_inexact_resume_exits_1_naming_the_fix(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--steps", "12", "--resume-at", "5"],  # no --model
-        ["--model", "no.such.Module", "--steps", "12", "--resume-at", "5"],
-        ["--model", f"{__name__}.Net", "--steps", "5", "--resume-at", "5"],
+        ["--steps", "12", "--resume_at", "5"],  # no --model
+        ["--model", "no.such.Module", "--steps", "12", "--resume_at", "5"],
+        ["--model", f"{__name__}.Net", "--steps", "5", "--resume_at", "5"],
     ],
     ids=["no-model", "unknown-class", "resume-at-not-before-steps"],
 )
@@ -344,7 +344,7 @@ def test_cli_reads_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
         f"data:\n  class_path: {__name__}.StepData\n"
         "trainer:\n  callbacks:\n    - class_path: lit_spikes.callbacks.ExactResume\n"
     )
-    status = check_resume_main(["--config", str(config), "--steps", "12", "--resume-at", "5"])
+    status = check_resume_main(["--config", str(config), "--steps", "12", "--resume_at", "5"])
     assert status == 0, capsys.readouterr().out
 
 

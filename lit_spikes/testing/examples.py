@@ -3,7 +3,7 @@ in docs/check-resume.md come from these):
 
     python -m lit_spikes.check_resume --model lit_spikes.testing.examples.Regressor \\
         --data lit_spikes.testing.examples.ShuffledData --data.num_workers 2 \\
-        --steps 40 --resume-at 17
+        --steps 40 --resume_at 17
 """
 
 from __future__ import annotations
