@@ -22,6 +22,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lit_spikes.callbacks._common import trainer_callbacks
+
 LOSS, GRAD_NORM = "loss", "grad_norm"
 
 
@@ -227,8 +229,7 @@ def _gather(trainer: pl.Trainer, record: _Step, names: list[str], outputs: Any) 
 
 def _all_monitors(trainer: pl.Trainer) -> list[str]:
     names: list[str] = []
-    callbacks: list[Callback] = getattr(trainer, "callbacks", [])  # set on it, untyped
-    for callback in callbacks:
+    for callback in trainer_callbacks(trainer):
         if isinstance(callback, Watcher):
             names += [n for n in callback.monitors if n not in names]
     return names
