@@ -36,7 +36,7 @@ class CommandParser(ArgumentParser):
         first = message.strip().splitlines()[0] if message.strip() else "invalid arguments"
         unknown = _UNKNOWN.search(first)
         if unknown:
-            known = [a for action in self._actions for a in action.option_strings]
+            known = [f"--{key}" for key in self.get_defaults().keys()]  # noqa: SIM118 (nested keys)
             for word in unknown[1].split():
                 option = word.partition("=")[0]
                 close = difflib.get_close_matches(option.replace("-", "_"), known, n=1, cutoff=0.7)
