@@ -3,6 +3,10 @@
 Demo 1 (checkpoint and resume) and demo 2 (remedies for a spike) share one reference
 run: it trains from scratch with a spike detector, writes ``step=<k>.ckpt`` files, and
 every other row is a branch resumed from one of those real checkpoint files.
+
+Here: the setup, the branches each demo runs and the reports computed from their results.
+The reports' rows, their tables and demo 3's accounting are ``lit_spikes.demo_tables``'s,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -13,15 +17,57 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from lit_spikes.ablations import ForgetOptimizerState
 from lit_spikes.branches import Branch, BranchResult
 from lit_spikes.data import DataConfig
+from lit_spikes.demo_tables import (
+    Demo1Report,
+    Demo1Row,
+    Demo2Report,
+    Demo2Row,
+    LedgerRow,
+    PalmCost,
+    demo1_columns,
+    demo2_columns,
+    markdown_table,
+    print_demo1,
+    print_demo2,
+    print_demo3,
+)
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig
 from lit_spikes.training import checkpoint_path
+
+__all__ = [
+    "CGROUP_ROOT",
+    "DEMO_BRANCHES",
+    "PROC_SELF_CGROUP",
+    "REFERENCE",
+    "Demo1Report",
+    "Demo1Row",
+    "Demo2Report",
+    "Demo2Row",
+    "DemoSetup",
+    "LedgerRow",
+    "NoSpikeAfterWarmup",
+    "PalmCost",
+    "SpikePlan",
+    "default_workers",
+    "demo1_branches",
+    "demo1_columns",
+    "demo1_report",
+    "demo2_branches",
+    "demo2_columns",
+    "demo2_ledger",
+    "demo2_report",
+    "markdown_table",
+    "max_param_diff",
+    "plan_remedies",
+    "print_demo1",
+    "print_demo2",
+    "print_demo3",
+    "usable_cores",
+]
 
 REFERENCE = "demo1/reference"
 """The reference run's name, hence its directory under the log root."""
@@ -220,22 +266,6 @@ def demo1_branches(setup: DemoSetup) -> list[Branch]:
     ]
 
 
-@dataclass
-class Demo1Row:
-    label: str
-    max_param_diff: float
-    early_max_loss: float
-    val_bpc: float
-
-
-@dataclass
-class Demo1Report:
-    rows: list[Demo1Row]
-    exact_losses_equal: bool
-    compared_steps: int
-    observations: list[str]
-
-
 def max_param_diff(a: BranchResult, b: BranchResult) -> float:
     return max((a.state[k].double() - b.state[k].double()).abs().max().item() for k in a.state)
 
@@ -287,67 +317,6 @@ def _compare(value: float, reference: float) -> str:
     if math.isclose(value, reference, rel_tol=0.0, abs_tol=0.005):
         return f"about the same as ({reference:.3f})"
     return f"{'worse' if value > reference else 'better'} than ({reference:.3f})"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A GitHub/TensorBoard markdown table, first column left-aligned, the rest right."""
-    # A "|" in a cell (the header's "max |param - reference|") would end it: escaped.
-    cells = [header, *rows]
-    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells]
-    lines.insert(1, "|---" + "|---:" * (len(header) - 1) + "|")
-    return "\n".join(lines)
-
-
-def demo1_columns(setup: DemoSetup, report: Demo1Report) -> tuple[list[str], list[list[str]]]:
-    k = setup.ckpt_step
-    header = ["run", "max |param - reference|", f"max loss, steps {k}-{k + 9}", "val bits/char"]
-    rows = [
-        [r.label, f"{r.max_param_diff:.1e}", f"{r.early_max_loss:.3f}", f"{r.val_bpc:.3f}"]
-        for r in report.rows
-    ]
-    return header, rows
-
-
-def demo2_columns(setup: DemoSetup, report: Demo2Report) -> tuple[list[str], list[list[str]]]:
-    k = report.plan.ckpt_step
-    hi = min(k + 100, setup.steps)
-    header = [
-        "remedy",
-        f"max loss {k}-{hi - 1}",
-        "max attn logit",
-        *(f"loss @{s}" for s in report.steps_at),
-        "val bits/char",
-    ]
-    rows = [
-        [
-            r.label,
-            f"{r.max_loss:.3f}",
-            f"{r.max_logit:.1f}",
-            *(f"{v:.3f}" for v in r.losses_at),
-            f"{r.val_bpc:.3f}",
-        ]
-        for r in report.rows
-    ]
-    return header, rows
-
-
-def print_demo1(setup: DemoSetup, report: Demo1Report, console: Console | None = None) -> None:
-    console = console or Console()
-    header, rows = demo1_columns(setup, report)
-    table = Table(
-        title=f"Demo 1: checkpoint at step {setup.ckpt_step}, resumed to step {setup.steps}"
-    )
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    console.print(
-        f"Every logged training loss of the exact resume ({report.compared_steps} steps) equals "
-        f"the reference: [bold]{report.exact_losses_equal}[/bold]"
-    )
-    for i, text in enumerate(report.observations, 1):
-        console.print(f"  {i}. {text}")
 
 
 # ----------------------------------------------------------------------------- demo 2
@@ -450,24 +419,6 @@ def demo2_branches(setup: DemoSetup, plan: SpikePlan) -> list[Branch]:
     ]
 
 
-@dataclass
-class Demo2Row:
-    label: str
-    max_loss: float
-    max_logit: float
-    losses_at: list[float]
-    val_bpc: float
-    start_step: int
-
-
-@dataclass
-class Demo2Report:
-    plan: SpikePlan
-    steps_at: list[int]
-    rows: list[Demo2Row]
-    observations: list[str]
-
-
 def demo2_report(
     setup: DemoSetup, plan: SpikePlan, reference: BranchResult, results: dict[str, BranchResult]
 ) -> Demo2Report:
@@ -489,6 +440,20 @@ def demo2_report(
         )
         for label, r in zip(labels, ordered, strict=True)
     ]
+    observations = _demo2_observations(setup, plan, reference, rows, steps_at)
+    return Demo2Report(plan, steps_at, rows, observations)
+
+
+def _demo2_observations(
+    setup: DemoSetup,
+    plan: SpikePlan,
+    reference: BranchResult,
+    rows: list[Demo2Row],
+    steps_at: list[int],
+) -> list[str]:
+    """What demo 2's rows show, in words: the spike, the best remedy, then each remedy
+    (``rows`` in ``demo2_branches``'s order after the reference's)."""
+    k = plan.ckpt_step
     ref, skip_a, skip_b, half, clip = rows
     best = min(rows[1:], key=lambda r: r.val_bpc)
     obs = [
@@ -528,87 +493,10 @@ def demo2_report(
             "not from a few huge gradients."
         )
     )
-    return Demo2Report(plan, steps_at, rows, obs)
-
-
-def print_demo2(setup: DemoSetup, report: Demo2Report, console: Console | None = None) -> None:
-    console = console or Console()
-    header, rows = demo2_columns(setup, report)
-    table = Table(
-        title=f"Demo 2: remedies from the step-{report.plan.ckpt_step} checkpoint "
-        f"(spike detected at step {report.plan.onset})"
-    )
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    for i, text in enumerate(report.observations, 1):
-        console.print(f"  {i}. {text}")
+    return obs
 
 
 # ----------------------------------------------------------------------------- demo 3
-
-
-@dataclass(frozen=True)
-class PalmCost:
-    """PaLM's spike handling, in round numbers (PaLM paper, section 5.1 and table 1)."""
-
-    spikes: int = 20
-    """Loss spikes during training ('about 20')."""
-    rollback_steps: int = 100
-    """Steps rolled back for each spike ('about 100 steps before the spike')."""
-    skip_min: int = 200
-    """Fewest batches skipped per spike."""
-    skip_max: int = 500
-    """Most batches skipped per spike."""
-    total_steps: int = 255_000
-    """Steps of the whole run."""
-    final_batch_tokens: int = 2048 * 2048
-    """Tokens per batch at the end of training (2048 sequences x 2048 tokens)."""
-    total_tokens: float = 780e9
-    """Tokens of the whole run."""
-
-    def __post_init__(self) -> None:
-        for name in ("spikes", "rollback_steps", "total_steps", "final_batch_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"PalmCost.{name}={getattr(self, name)} must be > 0")
-        if not 0 <= self.skip_min <= self.skip_max:
-            raise ValueError(f"need 0 <= skip_min={self.skip_min} <= skip_max={self.skip_max}")
-
-    @property
-    def recomputed(self) -> int:
-        return self.spikes * self.rollback_steps
-
-    @property
-    def skipped(self) -> tuple[int, int]:
-        return self.spikes * self.skip_min, self.spikes * self.skip_max
-
-    @property
-    def skipped_tokens_max(self) -> float:
-        return self.skipped[1] * self.final_batch_tokens
-
-    def lines(self) -> list[str]:
-        lo, hi = self.skipped
-        return [
-            f"about {self.spikes} spikes x a rollback of about {self.rollback_steps} steps = "
-            f"{self.recomputed:,} steps recomputed, {self.recomputed / self.total_steps:.1%} "
-            f"of {self.total_steps:,} steps",
-            f"skipped data: {self.spikes} x {self.skip_min}-{self.skip_max} batches = "
-            f"{lo:,}-{hi:,} batches; at the final batch of "
-            f"{self.final_batch_tokens / 1e6:.1f}M tokens at most about "
-            f"{self.skipped_tokens_max / 1e9:.0f}B tokens, "
-            f"{self.skipped_tokens_max / self.total_tokens:.0%} of {self.total_tokens / 1e9:.0f}B "
-            "(an upper bound: earlier batches were smaller)",
-        ]
-
-
-@dataclass
-class LedgerRow:
-    remedy: str
-    steps_recomputed: int
-    batches_skipped: int
-    wall_s: float
 
 
 def demo2_ledger(
@@ -623,27 +511,3 @@ def demo2_ledger(
         skipped = positions[-1] - int(result.history[-1]["step"]) if positions else 0
         rows.append(LedgerRow(result.label, plan.onset - plan.ckpt_step, skipped, result.wall_s))
     return rows
-
-
-def print_demo3(
-    cost: PalmCost, ledger: list[LedgerRow] | None = None, console: Console | None = None
-) -> None:
-    console = console or Console()
-    console.rule("Demo 3: what PaLM's remedy cost (rough accounting)")
-    for line in cost.lines():
-        console.print(f"  {line}")
-    if ledger:
-        table = Table(title="The same ledger for demo 2 (per remedy branch)")
-        table.add_column("remedy")
-        table.add_column("steps recomputed up to the spike", justify="right")
-        table.add_column("batches skipped", justify="right")
-        table.add_column("wall time (s)", justify="right")
-        for row in ledger:
-            table.add_row(
-                row.remedy, str(row.steps_recomputed), str(row.batches_skipped), f"{row.wall_s:.1f}"
-            )
-        console.print(table)
-    console.print(
-        "  The recomputation is cheap (about 1% of the steps); the real cost is people: "
-        "someone must notice each spike, choose the checkpoint, and decide how much to skip."
-    )

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -84,6 +86,27 @@ def plot_comparison(
         ...                 spike_window=(140, 160))
         PosixPath('runs/demo2/remedies.png')
     """
+    series = _checked_series(results, spike_window)
+    figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    loss_ax, logit_ax = figure.subplots(2, 1, sharex=True)
+    _draw_rows(loss_ax, logit_ax, series)
+    for ax in (loss_ax, logit_ax):
+        _draw_marks(ax, ckpt_step, spike_window)
+    _label(loss_ax, logit_ax, log_logit and _any_positive(series))
+    figure.suptitle(title)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+def _checked_series(
+    results: Mapping[str, Sequence[Record]], spike_window: tuple[int, int] | None
+) -> dict[str, Series]:
+    """Each row's series (``_series``), once the arguments are checked: at least one
+    row, and a spike window whose end is not before its start."""
     if not results:
         raise ValueError(
             "plot_comparison needs at least one row in `results` (label -> per-step "
@@ -94,43 +117,45 @@ def plot_comparison(
         start, end = spike_window
         if end < start:
             raise ValueError(f"spike_window={spike_window!r}: the end must not be before the start")
+    return series
 
+
+def _draw_rows(loss_ax: Axes, logit_ax: Axes, series: Mapping[str, Series]) -> None:
+    """One line per row in both panels, in ``line_styles``'s style, the same colour in
+    both."""
     styles = line_styles(series)
-    figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(figure)
-    loss_ax, logit_ax = figure.subplots(2, 1, sharex=True)
     for label, (steps, losses, logits) in series.items():
-        style = styles[label]
+        style: dict[str, Any] = styles[label]
         (line,) = loss_ax.plot(steps, losses, label=label, **style)
         logit_ax.plot(steps, logits, color=line.get_color(), label=label, **style)
 
-    for ax in (loss_ax, logit_ax):
-        if spike_window is not None:
-            ax.axvspan(
-                spike_window[0], spike_window[1], color="tab:red", alpha=0.12, label="spike window"
-            )
-        if ckpt_step is not None:
-            ax.axvline(
-                ckpt_step,
-                color="black",
-                linestyle="--",
-                linewidth=1.0,
-                label=f"checkpoint (step {ckpt_step})",
-            )
-        ax.grid(True, alpha=0.3)
 
+def _draw_marks(ax: Axes, ckpt_step: int | None, spike_window: tuple[int, int] | None) -> None:
+    """The spike window's band, the checkpoint's dashed line (each where given) and a
+    light grid, on one panel."""
+    if spike_window is not None:
+        ax.axvspan(
+            spike_window[0], spike_window[1], color="tab:red", alpha=0.12, label="spike window"
+        )
+    if ckpt_step is not None:
+        ax.axvline(
+            ckpt_step,
+            color="black",
+            linestyle="--",
+            linewidth=1.0,
+            label=f"checkpoint (step {ckpt_step})",
+        )
+    ax.grid(True, alpha=0.3)
+
+
+def _label(loss_ax: Axes, logit_ax: Axes, log_logit: bool) -> None:
+    """Axis labels, the max-logit axis's scale (log where ``log_logit``) and the legend."""
     loss_ax.set_ylabel("training loss (nats)")
     logit_ax.set_ylabel("max attention logit")
     logit_ax.set_xlabel("global step")
-    if log_logit and _any_positive(series):
+    if log_logit:
         logit_ax.set_yscale("log")
     loss_ax.legend(loc="upper right", fontsize="small")
-    figure.suptitle(title)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=DPI)
-    return path
 
 
 def line_styles(series: Mapping[str, Series]) -> dict[str, dict[str, float | str]]:

@@ -42,16 +42,23 @@ class RunLogger(TensorBoardLogger):
         *args: ``TensorBoardLogger``'s (``save_dir``, ``name``, ...).
         hparams_metric: record the hyperparameters with the final ``val/bpc`` at the end
             (off where the caller records its own, as the demos' branch runner does).
+        prefix: put at the start of every metric's tag, joined by ``LOGGER_JOIN_CHAR``
+            (``"-"``), as ``TensorBoardLogger``'s ``prefix`` does; applied here (Lightning
+            gets ``""``), so that the one-event path prefixes the tags too.
         **kwargs: ``TensorBoardLogger``'s.
 
     Example:
         >>> trainer = pl.Trainer(logger=RunLogger("runs", name="mine", version=""))
     """
 
-    def __init__(self, *args: Any, hparams_metric: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, hparams_metric: bool = True, prefix: str = "", **kwargs: Any
+    ) -> None:
         kwargs.setdefault("default_hp_metric", False)
+        kwargs["prefix"] = ""  # applied in log_metrics (Lightning keeps its own private)
         super().__init__(*args, **kwargs)
         self.hparams_metric = hparams_metric
+        self.prefix = prefix
         self._final_bpc: tuple[float, int] | None = None
 
     @override
@@ -60,11 +67,13 @@ class RunLogger(TensorBoardLogger):
         metrics = {key: value for key, value in metrics.items() if key != "epoch"}
         if VAL_TAG in metrics and step is not None:
             self._final_bpc = (float(metrics[VAL_TAG]), step)
+        if self.prefix:
+            metrics = {f"{self.prefix}{self.LOGGER_JOIN_CHAR}{k}": v for k, v in metrics.items()}
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real)}
         # One event, as add_scalar writes each of them; a writer closed by a finalize (a
         # requeue signal's save) has none until add_scalar makes it anew: that way then.
         writer = self.experiment.file_writer
-        if scalars and not self._prefix and writer is not None:
+        if scalars and writer is not None:
             values = [Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
             writer.add_summary(Summary(value=values), step)
             metrics = {k: v for k, v in metrics.items() if k not in scalars}

@@ -170,6 +170,22 @@ def test_palm_cost_matches_the_paper_numbers() -> None:
         PalmCost(skip_min=600)
 
 
+def test_demos_still_offers_what_moved_to_demo_tables() -> None:
+    """The reports' rows, tables and demo 3 live in ``lit_spikes.demo_tables``;
+    ``lit_spikes.demos`` re-exports each of them, so callers import from either."""
+    import lit_spikes.demo_tables as tables
+    import lit_spikes.demos as demos
+
+    assert all(hasattr(demos, name) for name in demos.__all__)
+    own = {
+        name
+        for name, value in vars(tables).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == tables.__name__
+    }
+    assert own and own <= set(demos.__all__)
+    assert all(getattr(demos, name) is getattr(tables, name) for name in own)
+
+
 TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position", "val/bpc"}
 
 

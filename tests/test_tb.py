@@ -56,6 +56,24 @@ def test_lightnings_own_logger_adds_the_epoch_tag_run_logger_drops(tmp_path: Pat
     assert tb_scalars(tmp_path / "run") == {k: v for k, v in lightning.items() if k in STEP_TAGS}
 
 
+def test_a_prefix_goes_on_every_tag_as_lightnings_own_logger_puts_it(tmp_path: Path) -> None:
+    """RunLogger applies ``prefix`` itself (Lightning's logger keeps its own private):
+    the same prefixed step tags as TensorBoardLogger's, written as one event a step."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    _fit(TensorBoardLogger(str(tmp_path), name="lightning", version="", prefix="p"))
+    logger = RunLogger(str(tmp_path), name="run", version="", prefix="p")
+    assert logger.prefix == "p"
+    _fit(logger)
+    lightning = tb_scalars(tmp_path / "lightning")
+    prefixed = {f"p-{tag}" for tag in STEP_TAGS}
+    assert lightning.keys() == prefixed | {"p-hp_metric"}
+    assert tb_scalars(tmp_path / "run") == {k: v for k, v in lightning.items() if k in prefixed}
+    (events,) = (tmp_path / "run").glob("events.out.tfevents.*")
+    steps = [e.step for e in EventFileLoader(str(events)).Load() if e.summary.value]
+    assert steps == list(range(6))
+
+
 def test_the_module_logs_to_any_lightning_logger(tmp_path: Path) -> None:
     """No logger class of this project is needed: a CSVLogger gets every step's tags."""
     import csv
