@@ -27,7 +27,7 @@ demo: $(STAMP)
 # (spike at step 147): the run depends on the CPU's float kernels (an AMD EPYC, AVX2, spikes
 # at step 150), and the figures must match the tables beside them.
 figures: $(STAMP)
-	$(BIN)/python scripts/main_job.py --figures-dir docs/figures
+	$(BIN)/python scripts/main_job.py --figures_dir docs/figures
 
 test: $(STAMP)
 	$(BIN)/ruff check .

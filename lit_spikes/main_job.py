@@ -8,7 +8,6 @@ from the numbers of this run; all runs go to ``<log_root>/demo1`` and ``<log_roo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from lit_spikes.branches import (
     run_branch,
 )
 from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
+from lit_spikes.command_line import command_parser, parse_config
 from lit_spikes.demos import (
     DEMO_BRANCHES,
     REFERENCE,
@@ -383,73 +383,82 @@ def _run_in_sequence(
     return results, plan, no_spike
 
 
+@dataclass(frozen=True)
+class MainJobConfig:
+    """The main job's options (``make demo``; ``scripts/main_job.py --help``)."""
+
+    log_root: Path = Path("runs")
+    """TensorBoard root: each demo writes ``<log_root>/demo<n>/<row>``."""
+    workers: int | None = None
+    """Branch processes beside this one, which trains too (None: one per other core this
+    process may use, CPU quota counted; at most one per branch)."""
+    devices: int = 1
+    """Processes per run (with ``strategy: ddp`` each run spans them, runs in sequence)."""
+    strategy: str = "auto"
+    """Lightning's strategy: ``auto`` or ``ddp``."""
+    figures_dir: Path | None = None
+    """Also write the comparison PNGs here (``make figures``: docs/figures, which the README
+    shows); they always go to ``<log_root>/demo<n>/comparison.png`` as well."""
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers={self.workers} must be >= 1")
+        if self.devices < 1:
+            raise ValueError(f"--devices={self.devices} must be >= 1")
+        if self.strategy not in ("auto", "ddp"):
+            raise ValueError(f"--strategy={self.strategy!r} must be auto or ddp")
+        if self.workers is not None and self.devices > 1:
+            raise ValueError(
+                f"--workers={self.workers} with --devices={self.devices}: the runs then go one "
+                "after the other across the DDP processes, with no workers; leave --workers out"
+            )
+        for flag, path in (("--log_root", self.log_root), ("--figures_dir", self.figures_dir)):
+            problem = None if path is None else unwritable_directory(path)  # now, not at the end
+            if problem is not None:
+                raise ValueError(f"{flag} {path} {problem}")
+
+    def setup(self) -> DemoSetup:
+        """The demos' setup for these options.
+
+        Raises:
+            ValueError: ``devices`` that do not divide the demos' batch.
+        """
+        workers = default_workers() if self.workers is None else self.workers
+        if workers > DEMO_BRANCHES:
+            print(
+                f"main job: --workers={workers}: the demos have {DEMO_BRANCHES} branches, so "
+                f"{DEMO_BRANCHES} workers",
+                file=sys.stderr,
+            )
+            workers = DEMO_BRANCHES
+        trainer_kwargs: dict[str, Any] = {}
+        if self.devices > 1 or self.strategy != "auto":
+            trainer_kwargs = {"devices": self.devices, "strategy": self.strategy}
+        setup = DemoSetup(
+            log_root=Path(self.log_root),
+            workers=workers,
+            figures_dir=None if self.figures_dir is None else Path(self.figures_dir),
+            trainer_kwargs=trainer_kwargs,
+        )
+        rows = setup.data.batch_size
+        if rows % self.devices:
+            choices = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
+            raise ValueError(
+                f"--devices={self.devices}: the demos' batch of {rows} rows per step is split "
+                f"over the processes, so their number must divide it ({choices})"
+            )
+        return setup
+
+
 def main(argv: list[str] | None = None, demos: tuple[int, ...] = (1, 2, 3)) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log-root", type=Path, default=Path("runs"), help="TensorBoard root")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        help="branch processes beside this one, which trains too (default: one per other "
-        f"core this process may use, CPU quota counted: here {default_workers()}; at most "
-        f"{DEMO_BRANCHES}, one per branch)",
-    )
-    parser.add_argument(
-        "--devices",
-        type=int,
-        default=1,
-        help="processes per run (with --strategy ddp: each run spans them, runs in sequence)",
-    )
-    parser.add_argument("--strategy", default="auto", help="Lightning strategy, e.g. ddp")
-    parser.add_argument(
-        "--figures-dir",
-        type=Path,
-        help="also write the comparison PNGs here (make figures: docs/figures, which the "
-        "README shows); they are always written as <log-root>/demo<n>/comparison.png",
-    )
-    args = parser.parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        parser.error(f"--workers={args.workers} must be >= 1")
-    for flag, path in (("--log-root", args.log_root), ("--figures-dir", args.figures_dir)):
-        if path is None:
-            continue
-        problem = unwritable_directory(path)  # now, not after the whole training
-        if problem is not None:
-            parser.error(f"{flag} {path} {problem}")
-    if args.devices < 1:
-        parser.error(f"--devices={args.devices} must be >= 1")
-    # Now, before the previous results are cleared and the reference trains: a spawned
-    # or forked process keeps each run's history to itself, which the tables need.
-    if args.strategy not in ("auto", "ddp"):
-        parser.error(f"--strategy={args.strategy!r} must be auto or ddp")
-    if args.workers is not None and args.devices > 1:
-        parser.error(
-            f"--workers={args.workers} with --devices={args.devices}: the runs then go one "
-            "after the other across the DDP processes, with no workers; leave --workers out"
-        )
-    workers = default_workers() if args.workers is None else args.workers
-    if workers > DEMO_BRANCHES:
-        print(
-            f"main job: --workers={workers}: the demos have {DEMO_BRANCHES} branches, so "
-            f"{DEMO_BRANCHES} workers",
-            file=sys.stderr,
-        )
-        workers = DEMO_BRANCHES
-    trainer_kwargs: dict[str, Any] = {}
-    if args.devices > 1 or args.strategy != "auto":
-        trainer_kwargs = {"devices": args.devices, "strategy": args.strategy}
-    setup = DemoSetup(
-        log_root=args.log_root,
-        workers=workers,
-        figures_dir=args.figures_dir,
-        trainer_kwargs=trainer_kwargs,
-    )
-    rows = setup.data.batch_size
-    if rows % args.devices:
-        choices = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
-        parser.error(
-            f"--devices={args.devices}: the demos' batch of {rows} rows per step is split "
-            f"over the processes, so their number must divide it ({choices})"
-        )
+    """``make demo``; exits 75 when another main job holds the directory, 1 on an error
+    that says what to do, 128 + the signal number when a signal stopped it."""
+    parser = command_parser("main job", __doc__.splitlines()[0], MainJobConfig)
+    config, _ = parse_config(parser, MainJobConfig, sys.argv[1:] if argv is None else argv)
+    try:
+        setup = config.setup()
+    except ValueError as error:
+        parser.error(str(error))
     try:
         run_main_job(setup, demos)
     except RunDirectoryBusy as error:  # another main job there: not a crash, retry later

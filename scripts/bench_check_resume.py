@@ -1,8 +1,8 @@
 """What the resume check costs over the two runs it needs anyway.
 
-    .venv/bin/python scripts/bench_check_resume.py [--steps 200] [--resume-at 90] [--repeats 5]
+    .venv/bin/python scripts/bench_check_resume.py [--steps 200] [--resume_at 90] [--repeats 5]
 
-The two runs: one uninterrupted to ``--steps``; one interrupted at ``--resume-at`` (its
+The two runs: one uninterrupted to ``--steps``; one interrupted at ``--resume_at`` (its
 ModelCheckpoint ``.ckpt``) and resumed from it to ``--steps`` in a fresh Trainer. The check
 runs exactly those, plus its recorder (digests of batch, RNG and LR every step, the whole
 state at the resume step and at the end) and the comparison. Both are timed, interleaved,
@@ -79,7 +79,7 @@ def timed(fn: Any, plan: Plan) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--resume-at", type=int, default=90)
+    parser.add_argument("--resume_at", type=int, default=90)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")

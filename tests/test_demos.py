@@ -286,8 +286,8 @@ def test_the_main_job_writes_no_figure_outside_its_log_root_unless_asked(
 
     taken: list[Path | None] = []
     monkeypatch.setattr(main_job_module, "run_main_job", lambda s, _: taken.append(s.figures_dir))
-    main_job_module.main(["--log-root", str(tmp_path / "runs")])
-    main_job_module.main(["--log-root", str(tmp_path / "runs"), "--figures-dir", "docs/figures"])
+    main_job_module.main(["--log_root", str(tmp_path / "runs")])
+    main_job_module.main(["--log_root", str(tmp_path / "runs"), "--figures_dir", "docs/figures"])
     assert taken == [None, Path("docs/figures")]
 
 
@@ -346,7 +346,7 @@ def test_a_main_job_into_a_busy_log_root_removes_nothing(
     assert events.exists()
 
 
-@pytest.mark.parametrize("flag", ["--log-root", "--figures-dir"])
+@pytest.mark.parametrize("flag", ["--log_root", "--figures_dir"])
 def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
 ) -> None:
@@ -360,7 +360,7 @@ def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
     kept = log_root / "demo2" / "ledger.json"
     kept.parent.mkdir(parents=True)
     kept.write_text("[]")
-    args = {"--log-root": str(log_root), "--figures-dir": str(tmp_path / "figures")}
+    args = {"--log_root": str(log_root), "--figures_dir": str(tmp_path / "figures")}
     args[flag] = str(a_file / "sub")
     with pytest.raises(SystemExit) as exit_info:
         main([item for pair in args.items() for item in pair])
@@ -392,7 +392,7 @@ def test_main_job_refuses_a_strategy_or_device_count_before_it_clears_or_trains(
     kept = log_root / "demo2" / "ledger.json"
     kept.parent.mkdir(parents=True)
     kept.write_text("[]")
-    argv = ["--log-root", str(log_root), "--figures-dir", str(tmp_path / "figures"), *extra]
+    argv = ["--log_root", str(log_root), "--figures_dir", str(tmp_path / "figures"), *extra]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
@@ -544,7 +544,7 @@ def test_more_workers_than_branches_are_capped_and_said(
     taken: list[int] = []
     record = lambda setup, _: taken.append(setup.workers)  # noqa: E731
     monkeypatch.setattr(main_job_module, "run_main_job", record)
-    argv = ["--log-root", str(tmp_path / "runs"), "--figures-dir", str(tmp_path / "f")]
+    argv = ["--log_root", str(tmp_path / "runs"), "--figures_dir", str(tmp_path / "f")]
     main_job_module.main([*argv, "--workers", "20"])
     assert taken == [DEMO_BRANCHES]
     assert f"--workers=20: the demos have {DEMO_BRANCHES} branches" in capsys.readouterr().err
