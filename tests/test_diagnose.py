@@ -115,7 +115,8 @@ def test_a_clipped_run_replays_with_the_clipping_its_checkpoint_records(tmp_path
     ckpt = checkpoint_path(tmp_path / "clipped", K)
     verdict = diagnose(ckpt, 28)
     assert verdict.same_data.bit_equal is True, verdict.evidence
-    unclipped = diagnose(ckpt, 28, trainer_kwargs={"gradient_clip_val": 0})
+    with pytest.warns(UserWarning, match="ExactResume: resuming under a different setup"):
+        unclipped = diagnose(ckpt, 28, trainer_kwargs={"gradient_clip_val": 0})
     assert unclipped.same_data.bit_equal is False
 
 
@@ -153,10 +154,9 @@ def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
     jump = LRScaler(100.0, start_step=25)  # LR 0.01 -> 1.0 from step 25: spikes at 26
     assert original_run(tmp_path, "lr", TINY_DATA, [jump])[0] == 26
     ckpt = checkpoint_path(tmp_path / "lr", K)
-    rebuilt = callbacks_from_checkpoint(load_ckpt(ckpt))
-    assert [(type(cb).__name__, cb.state_dict()) for cb in rebuilt] == [
-        ("LRScaler", jump.state_dict())
-    ]
+    rebuilt = callbacks_from_checkpoint(load_ckpt(ckpt), ckpt)  # as a fit resume rebuilds them
+    assert [type(cb).__name__ for cb in rebuilt] == ["LRScaler", "ExactResume"]  # no detector
+    assert rebuilt[0].state_dict() == jump.state_dict()
     verdict = diagnose(ckpt, 26, data=TINY_DATA)  # callbacks=None: rebuilt from the file
     assert verdict.cause == "state-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.other_data is not None
@@ -199,23 +199,23 @@ def test_bad_arguments_name_what_is_wrong(
     with pytest.raises(ValueError, match=r"DiagnoseConfig.horizon=0 must be >= 1"):
         DiagnoseConfig(horizon=0)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["diagnose", "--ckpt", str(ckpt), "--spike-step", "5"])
+        cli_main(["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "5"])
     assert exit_info.value.code == 2
     assert "spike_step=5 must be after the checkpoint's step 20" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["diagnose", "--help"])
     assert exit_info.value.code == 0
-    assert "--earlier-ckpt" in capsys.readouterr().out
+    assert "--earlier_ckpt_path" in capsys.readouterr().out
     # Output paths are checked before the replays, not after them
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     for extra, message in [
-        (["--log-root", str(a_file)], f"--log-root {a_file} cannot be created ({a_file} is not"),
+        (["--log_root", str(a_file)], f"--log_root {a_file} cannot be created ({a_file} is not"),
         (["--json", str(tmp_path)], f"--json {tmp_path} is a directory: give a file name"),
         (["--json", str(a_file / "v.json")], f"its directory cannot be created ({a_file} is"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
-            cli_main(["diagnose", "--ckpt", str(ckpt), "--spike-step", "25", *extra])
+            cli_main(["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "25", *extra])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
 
@@ -229,8 +229,8 @@ def test_the_console_script_prints_the_verdict_and_exits_0(tmp_path: Path) -> No
     original_run(tmp_path, "poison", data, [])
     data_file = tmp_path / "data.json"
     data_file.write_text(json.dumps({"data": asdict(data)}))
-    command = [str(script), "diagnose", "--ckpt", str(checkpoint_path(tmp_path / "poison", K))]
-    command += ["--spike-step", "28", "--data-config", str(data_file)]
+    command = [str(script), "diagnose", "--ckpt_path", str(checkpoint_path(tmp_path / "poison", K))]
+    command += ["--spike_step", "28", "--data_config", str(data_file)]
     command += ["--json", str(tmp_path / "verdict.json")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -266,44 +266,46 @@ def test_the_default_spike_replays_bit_exactly(tmp_path: Path) -> None:
     assert verdict.cause == expected, verdict.evidence
 
 
-def test_data_config_reads_the_recover_yaml() -> None:
-    """``--data-config`` takes a RecoverConfig file as recover's ``--config`` does: YAML."""
-    from lit_spikes.diagnose import build_parser, data_from_args
+def command(*argv: str) -> Any:
+    """The ``DiagnoseCommand`` the command line ``argv`` gives."""
+    from lit_spikes.command_line import config_of
+    from lit_spikes.diagnose import DiagnoseCommand, build_parser
 
-    args = build_parser().parse_args(
-        [
-            "--ckpt",
-            "unused.ckpt",
-            "--spike-step",
-            "150",
-            "--data-config",
-            str(ROOT / "configs" / "recover.yaml"),
-        ]
+    return config_of(DiagnoseCommand, build_parser().parse_args(list(argv)))
+
+
+def test_data_config_reads_the_recover_yaml() -> None:
+    """``--data_config`` takes a RecoverConfig file as recover's ``--config`` does: YAML."""
+    from lit_spikes.diagnose import data_from_args
+
+    recover_yaml = str(ROOT / "configs" / "recover.yaml")
+    args = command(
+        "--ckpt_path", "unused.ckpt", "--spike_step", "150", "--data_config", recover_yaml
     )
     assert data_from_args(args) == DataConfig()  # configs/recover.yaml holds the defaults
 
 
 def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
     """``lit-spikes fit`` saves its config as ``data: {config: {...}}`` (the data module's
-    argument): ``--data-config`` takes that file as it is."""
+    argument): ``--data_config`` takes that file as it is."""
     import yaml
 
-    from lit_spikes.diagnose import build_parser, data_from_args
+    from lit_spikes.diagnose import data_from_args
 
     saved = {"trainer": {"max_steps": 9}, "data": {"config": {"seed": 3, "batch_size": 4}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
-    argv = ["--ckpt", "unused.ckpt", "--spike-step", "5", "--data-config"]
-    args = build_parser().parse_args([*argv, str(tmp_path / "config.yaml")])
+    argv = ["--ckpt_path", "unused.ckpt", "--spike_step", "5", "--data_config"]
+    args = command(*argv, str(tmp_path / "config.yaml"))
     assert data_from_args(args) == DataConfig(seed=3, batch_size=4)
 
 
 def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Path) -> None:
-    from lit_spikes.diagnose import build_parser, data_from_args
+    from lit_spikes.diagnose import data_from_args
 
     fit(tmp_path, "run", 5, optim=OPTIM, data=TINY_DATA, checkpoint_every=5)
     (tmp_path / "data.json").write_text(json.dumps({"seed": 5, "world": {"num_people": 10}}))
-    argv = ["--ckpt", str(checkpoint_path(tmp_path / "run", 5)), "--spike-step", "9"]
-    args = build_parser().parse_args([*argv, "--data-config", str(tmp_path / "data.json")])
+    argv = ["--ckpt_path", str(checkpoint_path(tmp_path / "run", 5)), "--spike_step", "9"]
+    args = command(*argv, "--data_config", str(tmp_path / "data.json"))
     world = replace(TINY_DATA.world, num_people=10)  # num_chars stays the checkpoint's
     assert data_from_args(args) == replace(TINY_DATA, seed=5, world=world)
 
@@ -350,19 +352,15 @@ def test_a_verdict_with_nan_is_strict_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("content", "what"), [("- 1\n- 2\n", "list"), ("3\n", "int")])
 def test_a_data_config_that_is_no_mapping_is_named(tmp_path: Path, content: str, what: str) -> None:
-    import argparse
-
-    from lit_spikes.diagnose import data_from_args
+    from lit_spikes.diagnose import DiagnoseCommand, data_from_args
 
     path = tmp_path / "data.yaml"
     path.write_text(content)
-    args = argparse.Namespace(
-        data_config=path, data_seed=None, batch_size=None, poison=None, ckpt=tmp_path / "x"
-    )
-    with pytest.raises(ValueError, match=rf"--data-config {path}: holds a {what}, not a mapping"):
+    args = DiagnoseCommand(tmp_path / "x", 5, data_config=path)
+    with pytest.raises(ValueError, match=rf"--data_config {path}: holds a {what}, not a mapping"):
         data_from_args(args)
     path.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(ValueError, match=rf"--data-config {path}: .*codec"):
+    with pytest.raises(ValueError, match=rf"--data_config {path}: .*codec"):
         data_from_args(args)
 
 
@@ -452,8 +450,8 @@ def test_one_diagnosis_reads_each_checkpoint_once(
         ours = name.startswith(("lit_spikes.checkpoints", "lit_spikes.diagnose"))
         if ours and getattr(module, "load_checkpoint", None) is original:
             monkeypatch.setattr(module, "load_checkpoint", counting)
-    argv = ["diagnose", "--ckpt", str(ckpt), "--spike-step", "28", "--poison", "28"]
-    verdict = cli_main([*argv, "--earlier-ckpt", str(earlier)])
+    argv = ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "28", "--poison", "[28]"]
+    verdict = cli_main([*argv, "--earlier_ckpt_path", str(earlier)])
     assert isinstance(verdict, Verdict) and verdict.cause == "data-caused"  # (a), (b), (c) ran
     # once for the diagnosis, once for each replay's fit: (a) and (b) from ckpt, (c) earlier
     assert reads.count(ckpt.resolve()) == 1 + 2, reads

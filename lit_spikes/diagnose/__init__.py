@@ -21,13 +21,18 @@ A spike is judged by a ``SpikeDetector`` run over each replay's losses (its refe
 seeded from the detector state in the checkpoint when there is one), counting flags
 from ``window_before`` steps before the spike to the end of the replay.
 
+Any LightningModule and data can be diagnosed (``model=``, ``data=``: factories or class
+paths, as ``lit-spikes fit`` takes them); by default the run's own record says what it
+trained (``subject``).
+
 Where to read on: ``verdict`` (the rules: the cause as a function of the replays'
-numbers), ``explain`` (the evidence's text), ``replay`` (one replay as a Lightning run,
-each checkpoint read once), ``run`` (``diagnose``: which replays, in which order),
-``cli`` (``lit-spikes diagnose``).
+numbers), ``explain`` (the evidence's text), ``subject`` (what a replay trains: module,
+data, callbacks), ``replay`` (one replay as a Lightning run, each checkpoint read once),
+``run`` (``diagnose``: which replays, in which order), ``cli`` (``lit-spikes diagnose``).
 """
 
 from lit_spikes.diagnose.cli import (
+    DiagnoseCommand,
     _json_value,
     build_parser,
     data_from_args,
@@ -35,13 +40,9 @@ from lit_spikes.diagnose.cli import (
     print_verdict,
 )
 from lit_spikes.diagnose.config import DiagnoseConfig
-from lit_spikes.diagnose.replay import (
-    CheckpointReads,
-    callbacks_from_checkpoint,
-    logged_loss,
-    logged_losses,
-)
+from lit_spikes.diagnose.replay import CheckpointReads, StepRecorder, logged_loss, logged_losses
 from lit_spikes.diagnose.run import diagnose
+from lit_spikes.diagnose.subject import Subject, callbacks_from_checkpoint, module_from_checkpoint
 from lit_spikes.diagnose.verdict import (
     Cause,
     Replay,
@@ -55,8 +56,11 @@ from lit_spikes.diagnose.verdict import (
 __all__ = [
     "Cause",
     "CheckpointReads",
+    "DiagnoseCommand",
     "DiagnoseConfig",
     "Replay",
+    "StepRecorder",
+    "Subject",
     "Verdict",
     "_json_value",
     "bit_equal",
@@ -69,6 +73,7 @@ __all__ = [
     "logged_loss",
     "logged_losses",
     "main",
+    "module_from_checkpoint",
     "print_verdict",
     "verdict_cause",
 ]

@@ -18,7 +18,14 @@ class DiagnoseConfig:
     horizon: int = 20
     """Replays train this many steps past the spike (a state-caused spike may move)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    """What counts as a spike in a replay (``min_step`` is ignored: the window decides)."""
+    """What counts as a spike in a replay (``min_step`` is ignored: the window decides).
+    Its state in the checkpoint, where the run had a detector of these settings, goes on
+    judging the replays; its ``monitor`` names what is judged: ``loss`` (what
+    ``training_step`` returns), ``grad_norm`` or a name the module logs."""
+    loss_tag: str | None = None
+    """The TensorBoard tag of the loss the run logged, read for the original loss at the
+    spike (None: the first the run's events hold of ``train/loss``, the detector's
+    monitored names and ``loss``)."""
 
     def __post_init__(self) -> None:
         for name in ("window_before", "window_after"):

@@ -10,7 +10,7 @@ from lit_spikes.diagnose.verdict import Cause, Replay
 def _compared(same: Replay, original: float | None, incomparable: str | None) -> str:
     """How replay (a)'s loss at the spike compares with the original's."""
     if original is None:
-        return "no original loss to compare with (pass original_loss / --spike-loss)"
+        return "no original loss to compare with (pass original_loss / --spike_loss)"
     if same.bit_equal:
         return f"bit-identical to the original {original!r}"
     if same.bit_equal is None and incomparable:
@@ -21,7 +21,7 @@ def _compared(same: Replay, original: float | None, incomparable: str | None) ->
     if same.bit_equal is None:
         return (
             f"the original as given, {original!r} (rounded: bit-equality cannot be told; "
-            "TensorBoard's train/loss has every digit)"
+            "the run's TensorBoard events have every digit)"
         )
     return f"the original was {original:.4f} (differs by {same.loss_at_spike - original:+.2e})"
 

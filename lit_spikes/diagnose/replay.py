@@ -1,27 +1,36 @@
-"""One replay of a spike: a Lightning run resumed from a real checkpoint with the remedy
-callbacks and the data of the original, trained past the spike, then judged by a
-detector that continues the run's own where the checkpoint holds it."""
+"""One replay of a spike: a Lightning run resumed from a real checkpoint with the module,
+data and remedy callbacks of the original (``subject``), trained past the spike with a
+recorder of each step's numbers, then judged by a detector that continues the run's own
+where the checkpoint holds it."""
 
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
-from lit_spikes.callbacks import BatchSkipper, LRScaler, SkipStep, SpikeDetector
+from lit_spikes.callbacks import BatchSkipper, SpikeDetector
 from lit_spikes.checkpoints import load_checkpoint
-from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.diagnose.config import DiagnoseConfig
+from lit_spikes.diagnose.subject import Subject
 from lit_spikes.diagnose.verdict import Replay, bit_equal
-from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.loader import positioned
 from lit_spikes.recover.config import DetectorConfig
 from lit_spikes.training import RunSpec, quiet_branches
+
+LOSS_TAGS = ("train/loss", "loss")
+"""The TensorBoard tags a run's loss is looked for under, in order (TinyGPTModule logs
+``train/loss``; a module's ``self.log("loss", ...)`` is ``loss``), after the detector's
+monitor."""
 
 
 class CheckpointReads:
@@ -44,47 +53,80 @@ class CheckpointReads:
         return self._loaded[key]
 
 
-def callbacks_from_checkpoint(checkpoint: dict[str, Any]) -> list[Callback]:
-    """The remedy callbacks whose state a checkpoint holds (``LRScaler``, ``BatchSkipper``,
-    ``SkipStep``), rebuilt from it so a replay trains as the original run did. Gradient
-    clipping is a Trainer argument: ``clipping_from_checkpoint``."""
-    rebuilt: list[Callback] = []
-    # Copies: the checkpoint is shared by the diagnosis's replays (CheckpointReads).
-    for key, state in copy.deepcopy(checkpoint.get("callbacks", {})).items():
-        if key.startswith("LRScaler{"):
-            rebuilt.append(LRScaler(state["factor"], state["start_step"], state["end_step"]))
-        elif key.startswith("BatchSkipper{"):
-            rebuilt.append(BatchSkipper(positions=state["skip"]))
-        elif key.startswith("SkipStep{") and "window" in state:
-            rebuilt.append(
-                SkipStep(
-                    monitor=state["monitor"],
-                    window=state["window"],
-                    sigma=state["sigma"],
-                    warmup=state["warmup"],
-                    start_step=state["start_step"],
-                )
-            )
-    return rebuilt
-
-
-def logged_losses(run_dir: Path) -> dict[int, float]:
-    """The ``train/loss`` a run logged to TensorBoard, by step (the last value of a step
-    logged twice); empty when it has no events or no such tag."""
+def logged_losses(run_dir: Path, tags: Sequence[str] = LOSS_TAGS) -> dict[int, float]:
+    """The loss a run logged to TensorBoard, by step (the last value of a step logged
+    twice), under the first of ``tags`` its events hold; empty when it has no events or
+    none of them."""
     if not any(run_dir.glob("events.out.tfevents.*")):
         return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
-    if "train/loss" not in accumulator.Tags().get("scalars", []):
-        return {}
-    return {int(e.step): float(e.value) for e in accumulator.Scalars("train/loss")}
+    held = accumulator.Tags().get("scalars", [])
+    for tag in tags:
+        if tag in held:
+            return {int(e.step): float(e.value) for e in accumulator.Scalars(tag)}
+    return {}
 
 
-def logged_loss(run_dir: Path, step: int) -> float | None:
-    """The ``train/loss`` a run logged to TensorBoard at ``step`` (None: not found)."""
-    return logged_losses(run_dir).get(step)
+def logged_loss(run_dir: Path, step: int, tags: Sequence[str] = LOSS_TAGS) -> float | None:
+    """The loss a run logged to TensorBoard at ``step`` (None: not found)."""
+    return logged_losses(run_dir, tags).get(step)
+
+
+class StepRecorder(Callback):
+    """Each step's numbers as plain floats, by step: ``loss`` (what ``training_step``
+    returned), ``position`` (the data position the step trained on: its step where the
+    data is not positioned), the ``names`` the detector watches (``grad_norm`` before any
+    clipping; others from ``callback_metrics``), and whatever the module's own record of
+    the step holds (TinyGPTModule's ``history``: its ``max_logit``). First among the
+    callbacks: it measures the gradients before a remedy drops them."""
+
+    def __init__(self, names: Sequence[str] = ()) -> None:
+        self.names = tuple(names)
+        self.records: dict[int, dict[str, float]] = {}
+        self._step = 0
+        self._grad_norm = math.nan
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step, self._grad_norm = trainer.global_step, math.nan
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if "grad_norm" in self.names:
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            if grads:
+                self._grad_norm = float(torch.nn.utils.get_total_norm(grads))
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        step = self._step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        data = positioned(trainer)
+        row: dict[str, float] = {
+            "step": step,
+            "loss": float(loss) if isinstance(loss, torch.Tensor) else math.nan,
+            "position": data.position_of_step(step) if data is not None else step,
+        }
+        for name in (n for n in self.names if n != "loss"):
+            value = trainer.callback_metrics.get(name)
+            if name == "grad_norm":
+                row[name] = self._grad_norm
+            elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                row[name] = float(value)
+        history = getattr(pl_module, "history", None)
+        own = history[-1] if isinstance(history, list) and history else None
+        if isinstance(own, dict) and own.get("step") == step:  # the module's record of it
+            row |= own
+        self.records[step] = row
 
 
 def judging_detector(
@@ -103,28 +145,13 @@ def judging_detector(
     return replace(config, min_step=0, warmup=min(config.warmup, max(2, steps))).build(0)
 
 
-def module_from_checkpoint(checkpoint: dict[str, Any]) -> TinyGPTModule:
-    """A fresh module of the checkpoint's settings (the fit then restores its state)."""
-    hparams = checkpoint["hyper_parameters"]
-    return TinyGPTModule(
-        gpt=GPTConfig(**hparams["gpt"]),
-        optim=OptimConfig(**hparams["optim"]),
-        model_seed=hparams["model_seed"],
-        train_seed=hparams["train_seed"],
-        num_threads=hparams["num_threads"],
-        # Files written before the option existed were trained without flushing.
-        flush_denormal=hparams.get("flush_denormal", False),
-    )
-
-
 @dataclass
 class Replayer:
-    """Replays of one spike, each from a checkpoint, with the run's data, callbacks and
-    Trainer arguments; ``reads`` loads each file once."""
+    """Replays of one spike, each from a checkpoint, with the run's module, data,
+    callbacks and Trainer arguments; ``reads`` loads each file once."""
 
     spike_step: int
-    data: DataConfig
-    callbacks: Sequence[Callback] | None
+    subject: Subject
     trainer_kwargs: dict[str, Any]
     original: float | None
     config: DiagnoseConfig
@@ -133,13 +160,6 @@ class Replayer:
     incomparable: str | None = None
     """Why a replay here cannot match the original to the bit (another CPU's kernels,
     other versions, a multi-process run): a differing loss then proves nothing."""
-
-    def _callbacks(self, checkpoint: dict[str, Any], remedies_of: Path | None) -> list[Callback]:
-        if self.callbacks is not None:
-            return [copy.deepcopy(cb) for cb in self.callbacks]
-        return callbacks_from_checkpoint(
-            checkpoint if remedies_of is None else self.reads(remedies_of)
-        )
 
     def run(
         self,
@@ -151,9 +171,10 @@ class Replayer:
         """Replay from ``ckpt_path``, with the remedy callbacks ``remedies_of`` holds (by
         default the same file's) unless the caller gave callbacks."""
         checkpoint = self.reads(ckpt_path)
-        module = module_from_checkpoint(checkpoint)
         k = int(checkpoint["global_step"])
-        callbacks = self._callbacks(checkpoint, remedies_of)
+        remedies = ckpt_path if remedies_of is None else remedies_of
+        recorder = StepRecorder(self.config.detector.monitor)
+        callbacks = [recorder, *self.subject.callbacks_for(self.reads(remedies), remedies)]
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))
         spec = RunSpec(
@@ -166,11 +187,12 @@ class Replayer:
             trainer_kwargs={"limit_val_batches": 0, **self.trainer_kwargs},
             resume_step=k,
         )
+        module, datamodule = self.subject.model(), self.subject.data()
         start = time.perf_counter()
         with quiet_branches():
-            spec.trainer().fit(module, datamodule=StepDataModule(self.data), ckpt_path=ckpt_path)
+            spec.trainer().fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         wall = time.perf_counter() - start
-        records = {int(r["step"]): r for r in module.history}
+        records = recorder.records
         if self.spike_step not in records:
             raise RuntimeError(
                 f"the replay {label} from step {k} never reached spike_step={self.spike_step}"
@@ -205,7 +227,9 @@ class Replayer:
             skipped=skipped,
             loss_at_spike=loss,
             max_loss=max(float(r["loss"]) for r in judged),
-            max_logit=max(float(r["max_logit"]) for r in judged),
+            max_logit=max(
+                (float(r["max_logit"]) for r in judged if "max_logit" in r), default=None
+            ),
             flagged=flagged,
             bit_equal=None if self.incomparable and not equal else equal,
             last_step=max(records),

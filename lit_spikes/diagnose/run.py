@@ -4,34 +4,33 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks.exact_resume import (
     clipping_from_checkpoint,
     saved_fingerprint,
     software_fingerprint,
 )
-from lit_spikes.data import DataConfig, data_config_from_checkpoint, flat_config, plain_config
+from lit_spikes.data import flat_config, plain_config
 from lit_spikes.diagnose import explain
 from lit_spikes.diagnose.config import DiagnoseConfig
-from lit_spikes.diagnose.replay import CheckpointReads, Replayer, logged_losses
+from lit_spikes.diagnose.replay import LOSS_TAGS, CheckpointReads, Replayer, logged_losses
+from lit_spikes.diagnose.subject import CallbacksSource, DataSource, ModelSource, subject_of
 from lit_spikes.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
 
 
 def diagnose(
     ckpt_path: str | Path,
     spike_step: int,
+    config: DiagnoseConfig | None = None,
     *,
-    data: DataConfig | None = None,
-    callbacks: Sequence[Callback] | None = None,
+    model: ModelSource | None = None,
+    data: DataSource | None = None,
+    callbacks: CallbacksSource | None = None,
     trainer_kwargs: dict[str, Any] | None = None,
     original_loss: float | None = None,
     earlier_ckpt: str | Path | None = None,
-    config: DiagnoseConfig | None = None,
     log_root: str | Path | None = None,
     reads: CheckpointReads | None = None,
 ) -> Verdict:
@@ -40,46 +39,56 @@ def diagnose(
     Args:
         ckpt_path: a Lightning checkpoint of the run, written before ``spike_step``.
         spike_step: global step of the spike's onset.
-        data: the run's ``DataConfig`` (None: the defaults with the checkpoint's seed).
-        callbacks: callbacks the run trained with (None: rebuilt from the checkpoint's
-            callback states: ``LRScaler``, ``BatchSkipper``, ``SkipStep``). Each replay
-            gets its own copies.
-        trainer_kwargs: other Trainer arguments of the run (None: its gradient clipping
-            as the checkpoint records it; give ``gradient_clip_val`` to set another, 0 for
-            none).
-        original_loss: the loss the run logged at ``spike_step`` (None: read from the
-            TensorBoard events of the checkpoint's run, ``<ckpt>/../..``).
+        config: replay lengths, the other-data window, the detector, the loss's tag.
+        model: the run's LightningModule: a factory (called once per replay) or a class
+            path, ``{"class_path", "init_args"}`` or ``ClassPath`` (None: the run's
+            ``config.yaml``'s, else TinyGPTModule, which is built from the checkpoint).
+        data: a factory of the run's LightningDataModule (or of None: the module's own
+            dataloaders), a class path, or StepDataModule's ``DataConfig`` (None: the
+            run's ``config.yaml``'s, else the checkpoint's StepDataModule for TinyGPT).
+            Replay (b) skips data positions: a ``StepLoader`` or ``PositionedData``.
+        callbacks: the run's callbacks, a list (copied for each replay) or a factory
+            (None: rebuilt as a ``lit-spikes fit`` resume does; ``subject``).
+        trainer_kwargs: other Trainer arguments of the run (None: the checkpoint's
+            gradient clipping; ``gradient_clip_val`` sets another, 0 none).
+        original_loss: the loss the run logged at ``spike_step`` (None: from the run's
+            TensorBoard events, ``<ckpt>/../..``, under ``config.loss_tag``).
         earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
             remedies ``ckpt_path`` holds (a recover branch's parent's file, too).
-        config: replay lengths, the other-data window and the detector.
         log_root: where the replays' TensorBoard runs go (None: a temporary directory).
-        reads: the checkpoints already read (the CLI's, which read the file's data
-            config first); None: a fresh ``CheckpointReads``. Each file is read once.
+        reads: the files already read (the CLI's); each file is read once.
 
     Raises:
         CheckpointError: a checkpoint that cannot be resumed from.
-        ValueError: ``spike_step`` not after the checkpoint, or an earlier checkpoint
-            that is not earlier.
+        ValueError: a spike or earlier file not after/before the checkpoint, a bad class.
     """
     config = config or DiagnoseConfig()
     reads = reads or CheckpointReads()
     ckpt_path = Path(ckpt_path)
     checkpoint = reads(ckpt_path)
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
-    if data is None:
-        data = data_config_from_checkpoint(checkpoint)
+    subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
     trainer_kwargs = dict(trainer_kwargs or {})
     if "gradient_clip_val" not in trainer_kwargs:
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
-    original = _logged_original(ckpt_path, spike_step) if original_loss is None else original_loss
+    original = original_loss
+    if original is None:
+        original = _logged_original(ckpt_path, spike_step, _loss_tags(config))
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
-        replayer = Replayer(
-            spike_step, data, callbacks, trainer_kwargs, original, config, root, reads
-        )
+        replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
         replayer.incomparable = _incomparable(checkpoint)
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
         return _replay_and_judge(replayer, ckpt_path, earlier, original)
+
+
+def _loss_tags(config: DiagnoseConfig) -> tuple[str, ...]:
+    """The TensorBoard tags the run's loss may be under: the configured one, else
+    ``train/loss``, the detector's monitored names, ``loss``."""
+    if config.loss_tag is not None:
+        return (config.loss_tag,)
+    watched = [name for name in config.detector.monitor if name != "grad_norm"]
+    return tuple(dict.fromkeys([LOSS_TAGS[0], *watched, *LOSS_TAGS[1:]]))
 
 
 def _check_files(
@@ -105,18 +114,19 @@ def _check_files(
         _refuse_another_run(ckpt_path, reads(ckpt_path), Path(earlier_ckpt), reads)
 
 
-def _logged_original(ckpt_path: Path, spike_step: int) -> float | None:
-    """The loss the checkpoint's run logged at ``spike_step`` (its TensorBoard events).
+def _logged_original(ckpt_path: Path, spike_step: int, tags: tuple[str, ...]) -> float | None:
+    """The loss the checkpoint's run logged at ``spike_step`` (its TensorBoard events,
+    under the first of ``tags`` they hold).
 
     Raises:
         ValueError: a step past the run's last logged one (a typo, most likely).
     """
-    logged = logged_losses(ckpt_path.parent.parent)
+    logged = logged_losses(ckpt_path.parent.parent, tags)
     if logged and spike_step > max(logged):
         # a typo (1470 for 147) would replay a thousand steps, then find no spike
         raise ValueError(
             f"spike_step={spike_step} is past the last step the checkpoint's run logged "
-            f"({max(logged)}): give a step of that run (or its loss, --spike-loss, for a "
+            f"({max(logged)}): give a step of that run (or its loss, --spike_loss, for a "
             "step it did not log)"
         )
     return logged.get(spike_step)

@@ -22,8 +22,9 @@ class Replay:
     loss_at_spike: float
     max_loss: float
     """Largest loss from ``window_before`` steps before the spike to the replay's end."""
-    max_logit: float
-    """Largest attention logit over the same steps."""
+    max_logit: float | None
+    """Largest attention logit over the same steps (None: a module that records none,
+    any but TinyGPTModule)."""
     flagged: list[int]
     """Steps the detector flags in that range."""
     bit_equal: bool | None
@@ -105,7 +106,7 @@ def given_decimals(value: float) -> int | None:
 
 def bit_equal(loss: float, original: float | None) -> bool | None:
     """Whether a replay's loss is the original's to the bit: None when there is no
-    original, or when the original was given rounded (``--spike-loss 2.7175``, as this
+    original, or when the original was given rounded (``--spike_loss 2.7175``, as this
     tool prints it) and the loss rounds to it: equality cannot be told. Two NaNs are
     equal (a replayed NaN is the run's NaN)."""
     if original is None:
