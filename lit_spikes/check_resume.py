@@ -22,6 +22,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 
 from lit_spikes.command_line import command_parser
+from lit_spikes.factories import Instantiate, instantiate
 
 PROG = "lit-spikes check-resume"
 CHECKER_SETS = ("max_steps", "default_root_dir", "enable_checkpointing")
@@ -58,26 +59,6 @@ class CheckResumeConfig:
     ignore_attributes: list[str] = field(default_factory=list)
     """Plain attributes of the module or of callbacks that are no training state (a log of
     losses, say): not compared."""
-
-
-@dataclass(frozen=True)
-class Instantiate:
-    """A picklable factory: a fresh object from a jsonargparse class spec at each call (each
-    of the check's runs builds its own; a new process rebuilds it from the spec)."""
-
-    base: Any
-    spec: Any
-
-    def __call__(self) -> Any:
-        parser = ArgumentParser(exit_on_error=False)
-        parser.add_argument("--value", type=self.base)
-        return instantiate(parser, parser.parse_object({"value": self.spec})).value
-
-
-def instantiate(parser: ArgumentParser, config: Any) -> Any:
-    """``parser.instantiate`` (jsonargparse 4.49+; the older name is deprecated there)."""
-    method = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    return method(config)
 
 
 def build_parser() -> ArgumentParser:

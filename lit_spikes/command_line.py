@@ -66,7 +66,10 @@ def _condensed(message: str) -> str:
 def command_parser(prog: str, description: str, config_class: type) -> CommandParser:
     """A parser of ``config_class``'s fields at the top level, with ``--config``."""
     CommandParser.command = prog
-    parser = CommandParser(prog=prog, description=description, exit_on_error=True)
+    # No abbreviations: an old spelling (--ckpt for --ckpt_path) is an error, not a guess.
+    parser = CommandParser(
+        prog=prog, description=description, exit_on_error=True, allow_abbrev=False
+    )
     # jsonargparse's documented config action (not in its __all__, so mypy wants the attribute)
     config_action = jsonargparse.ActionConfigFile  # type: ignore[attr-defined]
     parser.add_argument("--config", action=config_action, help="a YAML file of these options")
@@ -74,11 +77,14 @@ def command_parser(prog: str, description: str, config_class: type) -> CommandPa
     return parser
 
 
-def add_class_path(parser: ArgumentParser, key: str, base: type, default: dict[str, Any]) -> None:
+def add_class_path(
+    parser: ArgumentParser, key: str, base: type, default: dict[str, Any] | None = None
+) -> None:
     """``--<key> CLASS_PATH`` (and ``--<key>.init_args.NAME``) for a subclass of ``base``,
-    ``default`` (``{"class_path", "init_args"}``) when not given."""
-    parser.add_subclass_arguments(base, key, required=False)
-    parser.set_defaults({key: default})
+    ``default`` (``{"class_path", "init_args"}``; None: not given) when left out."""
+    parser.add_subclass_arguments(base, key, required=False, fail_untyped=False)
+    if default is not None:
+        parser.set_defaults({key: default})
 
 
 def as_plain(value: Any) -> Any:

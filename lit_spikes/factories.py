@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonargparse import ArgumentParser
+
 Factory = Callable[[], Any]
 """A callable with no arguments that builds a new object each call."""
 
@@ -111,3 +113,23 @@ def factory_of(value: Any, base: type, what: str) -> Factory:
     path = ClassPath.of(value, what)
     path.klass(base, what)  # a bad path fails here, before any run starts
     return lambda: path.build(base, what)
+
+
+@dataclass(frozen=True)
+class Instantiate:
+    """A picklable factory: a fresh object from a jsonargparse class spec at each call (each
+    of the check's runs builds its own; a new process rebuilds it from the spec)."""
+
+    base: Any
+    spec: Any
+
+    def __call__(self) -> Any:
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_argument("--value", type=self.base)
+        return instantiate(parser, parser.parse_object({"value": self.spec})).value
+
+
+def instantiate(parser: ArgumentParser, config: Any) -> Any:
+    """``parser.instantiate`` (jsonargparse 4.49+; the older name is deprecated there)."""
+    method = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    return method(config)

@@ -94,3 +94,11 @@ def test_check_resume_takes_one_spelling(capsys: pytest.CaptureFixture[str]) -> 
     )
     assert status == 2
     assert "did you mean --resume_at?" in capsys.readouterr().err
+
+
+def test_an_abbreviation_is_not_taken_for_an_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--checkpoint`` was read as ``--checkpoint_every`` (argparse's prefix matching):
+    an old spelling must fail, not be guessed."""
+    with pytest.raises(SystemExit):
+        _parse(["--checkpoint", "7"])
+    assert "unrecognized arguments: --checkpoint 7" in capsys.readouterr().err

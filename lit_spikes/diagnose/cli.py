@@ -21,6 +21,7 @@ from rich.table import Table
 
 from lit_spikes.checkpoints import CheckpointError
 from lit_spikes.command_line import (
+    add_class_path,
     as_plain,
     command_parser,
     config_of,
@@ -120,9 +121,9 @@ def build_parser() -> ArgumentParser:
     ``--model`` and ``--data`` (class paths, default None: the run's record)."""
     parser = command_parser(PROG, DESCRIPTION, DiagnoseConfig)
     parser.add_class_arguments(DiagnoseCommand, nested_key=None, fail_untyped=False)
-    # As add_class_path, but no default: None lets the run's own record say (subject)
-    parser.add_subclass_arguments(pl.LightningModule, "model", required=False)
-    parser.add_subclass_arguments(pl.LightningDataModule, "data", required=False)
+    # No default: None lets the run's own record say (subject)
+    add_class_path(parser, "model", pl.LightningModule)
+    add_class_path(parser, "data", pl.LightningDataModule)
     return parser
 
 

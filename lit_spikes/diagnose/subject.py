@@ -26,7 +26,7 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.data import DataConfig, StepDataModule, data_config_from_checkpoint
-from lit_spikes.factories import ClassPath, factory_of
+from lit_spikes.factories import ClassPath, Instantiate, factory_of
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import OptimConfig, TinyGPTModule
 from lit_spikes.resume_callbacks import callbacks_to_resume
@@ -106,7 +106,6 @@ def _spec(value: Any, what: str) -> ClassPath | None:
 def _built(path: ClassPath, base: type, what: str) -> Callable[[], Any]:
     """A factory of ``path``: jsonargparse builds it as ``lit-spikes fit`` did (nested
     dataclasses and class paths among its ``init_args`` too)."""
-    from lit_spikes.check_resume import Instantiate
 
     path.klass(base, what)  # a bad path fails here, before any replay
     if not path.init_args:
