@@ -22,7 +22,8 @@ from typing import Any
 from jsonargparse import ArgumentParser
 
 from lit_spikes.command_line import command_parser
-from lit_spikes.factories import Instantiate, instantiate
+from lit_spikes.factories import Instantiate as Instantiate  # (recover imports it from here)
+from lit_spikes.factories import instantiate
 
 PROG = "lit-spikes check-resume"
 CHECKER_SETS = ("max_steps", "default_root_dir", "enable_checkpointing")

@@ -57,7 +57,10 @@ from lit_spikes.cli_parsing import (
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
 from lit_spikes.module import TinyGPTModule, check_training_setup
-from lit_spikes.resume_callbacks import from_record, instantiate, keys_of, run_config_callbacks
+from lit_spikes.resume_callbacks import (
+    entries_to_resume,
+    keys_of,
+)
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
     CHECKPOINT_DIRNAME,
@@ -401,10 +404,7 @@ class LitSpikesCLI(LightningCLI):
         beside the file (every setting, also of callbacks that keep no state), then each
         stateful one the file's own record names that those lack, rebuilt from its state
         key (a copied or archived file has no config.yaml beside it)."""
-        entries = run_config_callbacks(path, checkpoint)
-        present = [callback for callback in map(instantiate, entries) if callback is not None]
-        self._record = from_record(checkpoint, present)
-        self._default_callbacks = [*entries, *self._record.rebuilt]
+        self._default_callbacks, self._record = entries_to_resume(path, checkpoint)
         return {"trainer.callbacks": self._default_callbacks} if self._default_callbacks else {}
 
     def _check_recorded_callbacks(self) -> None:

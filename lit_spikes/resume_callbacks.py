@@ -176,15 +176,22 @@ def from_record(checkpoint: dict[str, Any], present: Iterable[Any]) -> RecordedC
     return result
 
 
-def callbacks_to_resume(
+def entries_to_resume(
     ckpt_path: Path | None, checkpoint: dict[str, Any]
-) -> tuple[list[Any], RecordedCallbacks]:
-    """The callbacks a resume from ``checkpoint`` trains with, built, and the record they
-    were rebuilt from (its ``unrebuilt`` keys): those of the ``config.yaml`` beside
-    ``ckpt_path``'s run (none for None), then each stateful one the file's own record
-    names that those lack, rebuilt from its state key, as ``lit-spikes fit`` resumes."""
+) -> tuple[list[dict[str, Any]], RecordedCallbacks]:
+    """The ``{"class_path", "init_args"}`` entries of the callbacks a resume from
+    ``checkpoint`` trains with, and the record they were rebuilt from (its ``unrebuilt``
+    keys): those of the ``config.yaml`` beside ``ckpt_path``'s run (none for None), then
+    each stateful one the file's own record names that those lack, from its state key."""
     entries = run_config_callbacks(ckpt_path, checkpoint) if ckpt_path is not None else []
     present = [callback for callback in map(instantiate, entries) if callback is not None]
     record = from_record(checkpoint, present)
-    rebuilt = [callback for callback in map(instantiate, record.rebuilt) if callback is not None]
-    return [*present, *rebuilt], record
+    return [*entries, *record.rebuilt], record
+
+
+def callbacks_to_resume(
+    ckpt_path: Path | None, checkpoint: dict[str, Any]
+) -> tuple[list[Any], RecordedCallbacks]:
+    """``entries_to_resume``'s callbacks, built (as ``lit-spikes fit`` resumes)."""
+    entries, record = entries_to_resume(ckpt_path, checkpoint)
+    return [c for c in map(instantiate, entries) if c is not None], record
