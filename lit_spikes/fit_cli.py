@@ -56,11 +56,12 @@ from lit_spikes.cli_parsing import (
     yaml_nonfinite,
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
-from lit_spikes.module import TinyGPTModule, check_training_setup
+from lit_spikes.module import TinyGPTModule
 from lit_spikes.resume_callbacks import (
     entries_to_resume,
     keys_of,
 )
+from lit_spikes.setup_checks import check_training_setup
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
     CHECKPOINT_DIRNAME,

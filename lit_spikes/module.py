@@ -23,9 +23,11 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.exact_resume import ExactResume
 from lit_spikes.checkpoints import CheckpointError
-from lit_spikes.data import Batch, StepDataModule, config_differences
+from lit_spikes.data import Batch, StepDataModule
 from lit_spikes.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.schedule import WarmupCosine
+from lit_spikes.setup_checks import check_model_config, check_optim_config, check_training_setup
+from lit_spikes.step_records import MaskedStep, Row, StepRecords
 
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
@@ -146,11 +148,13 @@ class TinyGPTModule(pl.LightningModule):
     """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
 
     Logs ``train/loss`` (also on the progress bar), ``train/max_logit``, ``lr``,
-    ``data/position`` and ``grad_norm`` (before any clipping) with ``self.log`` at every
-    step (``on_step=True, on_epoch=False``: what reaches the loggers follows the Trainer's
-    ``log_every_n_steps``, every step in this project's runs), and ``val/bpc`` whenever the
-    Trainer validates. Each step is also appended to ``history`` (plain floats) for
-    scripts and tests.
+    ``data/position`` and ``grad_norm`` (before any clipping) at every step as
+    ``self.log(on_step=True)`` would (the Trainer's ``log_every_n_steps``, every step in
+    this project's runs), and ``val/bpc`` whenever the Trainer validates. Each step is
+    also a record of ``history`` (plain floats) for scripts and tests. No step reads a
+    value back to the host: they stay on the device and are read back with the watching
+    callbacks' values (``StepRecords``): every 50 steps, at a checkpoint, at the fit's end
+    and when ``history`` is read; the loggers get them then, each at its own step.
 
     It brings ``ExactResume`` (``configure_callbacks``), as any module can be given it: the
     RNG states of every rank and the fingerprint of what decides the numerics. Its own
@@ -209,11 +213,64 @@ class TinyGPTModule(pl.LightningModule):
         )
         self.model = build_model(self.model_config, model_seed)
         self.val_bpc = BitsPerChar()
-        self.history: list[dict[str, float]] = []
+        self._records: list[dict[str, float]] = []
+        self._nonfinite: list[int] = []
+        self._reader = StepRecords(self._take)
+        self._to_log: list[dict[str, float]] = []
+        """Records of logging steps whose values are still on the device."""
+        self._loss: torch.Tensor | None = None
+        """This step's loss, on the device."""
+        self._masked = MaskedStep()
+        """Drops the update of a non-finite step, as decided on the device."""
+        self.nonfinite_guard = "auto"
+        """How a non-finite step's update is dropped: ``"device"``, decided on the device
+        (``MaskedStep`` puts the weights and AdamW's state back, no host read); ``"host"``,
+        its gradients dropped after one read of the decision; ``"auto"``, the device on an
+        accelerator and the host on a CPU, where a read waits for nothing and the masked
+        step's copies would cost 5% of a step. Both give the same weights."""
         self._restored_for_fit = False
         """Whether the fit now starting restored a checkpoint (its on_load_checkpoint ran)."""
-        self.nonfinite_steps: list[int] = []
-        """Steps whose loss or gradient was NaN/inf: their update was not applied."""
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """One record a step (plain floats: step, loss, max_logit, lr, position,
+        grad_norm, and ``skipped`` for a non-finite step), read back from the device
+        first: complete up to the last step trained (the step in training has its
+        loss and max_logit from its training_step on, its grad_norm after backward)."""
+        self._flush()
+        return self._records
+
+    @history.setter
+    def history(self, records: list[dict[str, float]]) -> None:
+        self._flush()
+        self._records = records
+
+    @property
+    def nonfinite_steps(self) -> list[int]:
+        """Steps whose loss or gradient was NaN/inf: their update was not applied.
+
+        The update is dropped on the device in the step itself (``optimizer_step``); the
+        step is listed here, and warned of, when the step's values are read back: every
+        50 steps, before any checkpoint is written (rollback refuses the files written
+        after one), at the fit's end, or at once when this is read."""
+        self._flush()
+        return self._nonfinite
+
+    @nonfinite_steps.setter
+    def nonfinite_steps(self, steps: list[int]) -> None:
+        self._flush()
+        self._nonfinite = list(steps)
+
+    @property
+    def nonfinite_steps_read(self) -> list[int]:
+        """``nonfinite_steps`` as read back so far, without a read: complete up to the
+        newest checkpoint written (CheckpointRetention needs no more)."""
+        return self._nonfinite
+
+    def _flush(self) -> None:
+        reader = self.__dict__.get("_reader")  # absent while __init__ runs
+        if reader is not None:
+            reader.flush()
 
     @override
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
@@ -240,7 +297,8 @@ class TinyGPTModule(pl.LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         # RNG states (dropout), the fingerprint and unrounded float64 weights: what a
         # bit-exact resume needs beyond Lightning's checkpoint, as for any module.
-        return [ExactResume()]
+        # StepRecords reads the step records back with the watchers' rows, in their read.
+        return [ExactResume(), self._reader]
 
     @override
     def on_train_start(self) -> None:
@@ -264,82 +322,136 @@ class TinyGPTModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         out = self.model(batch["x"], batch["y"])
         assert out.loss is not None
-        self._record(out.loss.detach(), out.max_logit, int(batch["position"]))
-        # The loss's Python float, kept by _record: torch.isfinite on it cost 0.05 ms.
-        finite = math.isfinite(self.history[-1]["loss"])
-        everywhere = finite
-        if self.trainer.world_size > 1:
-            # Under DDP every rank must skip the same steps: one rank's NaN skips them all.
-            everywhere = self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if not everywhere:
-            self._skip_update("loss" if not finite else "loss on another rank")
-        # Backward runs even so (DDP's gradient all-reduce needs every rank), and the
-        # callbacks see the step's real loss; on_before_optimizer_step drops the gradients
-        # of a skipped step, so AdamW changes nothing (no decay, no moments).
+        self._record(out.loss.detach(), out.max_logit, batch["position"])
+        # Backward runs even for a non-finite loss (DDP's gradient all-reduce needs every
+        # rank), and the callbacks see the step's real loss; optimizer_step then puts the
+        # weights and AdamW's state back, so the step changes nothing.
         loss: torch.Tensor = out.loss
         return loss
 
-    def _skip_update(self, what: str) -> None:
-        self.nonfinite_steps.append(self.global_step)
-        self.history[-1]["skipped"] = 1.0
-        warnings.warn(
-            f"non-finite {what} at step {self.global_step}: its update is skipped, and no "
-            "checkpoint written after it will be chosen as a rollback target",
-            stacklevel=2,
-        )
-
-    def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: int) -> None:
+    def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: Any) -> None:
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
         # Here, not at the batch's end: callbacks (a monitor, the progress bar) read
         # callback_metrics in their on_train_batch_end, which runs before the module's.
         # To the loggers with the step's other scalars (on_train_batch_end): one call each.
         self.log(LOGGED_AS["loss"], loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
-        self.history.append(
-            {
-                "step": self.global_step,
-                "loss": loss.item(),
-                "max_logit": max_logit.item(),
-                "lr": lr,
-                "position": position,
-            }
-        )
+        # The read fills in loss, max_logit and position (in the records' key order).
+        record: dict[str, Any] = {
+            "step": self.global_step,
+            "loss": math.nan,
+            "max_logit": math.nan,
+            "lr": lr,
+            "position": -1,
+        }
+        self._records.append(record)
+        self._loss, self._masked.skip = loss, None
+        # Loss, max_logit and the data position stay on the device until the next read.
+        values = [loss, max_logit.detach(), torch.as_tensor(position, device=loss.device)]
+        self._reader.add(record, "scalars", torch.stack([v.double() for v in values]))
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.global_step in self.nonfinite_steps:
-            # A skipped loss: its gradients must not reach AdamW. No norm is recorded.
-            for parameter in self.parameters():
-                parameter.grad = None
-            return
+        # The non-finite guard: decided on the device, applied by MaskedStep or (host) here.
+        if not self._records or self._records[-1]["step"] != self.global_step:
+            return  # no training_step of this step (nothing recorded, nothing to judge)
+        assert self._loss is not None  # set by this step's training_step
+        bad_here = ~torch.isfinite(self._loss)
+        bad_loss = bad_here
+        if self.trainer.world_size > 1:
+            # Every rank must skip the same steps: one rank's NaN skips them all (a device
+            # all-reduce; its gradients are most likely NaN everywhere too, but not surely).
+            bad_loss = self.trainer.strategy.reduce(bad_here.double(), reduce_op="sum") > 0
         parameters = optimized_parameters(optimizer)
-        if all(p.grad is None for p in parameters):
-            return  # a callback (SkipStep) dropped the update, and recorded the real norm
-        norm = grad_norm(parameters).item()  # before the Trainer clips
-        if self.history and self.history[-1]["step"] == self.global_step:
-            self.history[-1]["grad_norm"] = norm
-        if not math.isfinite(norm):
-            # A finite loss with inf/NaN gradients: drop the gradients (zeroing them would
-            # still let weight decay and momentum move the weights). Under DDP the
-            # gradients were all-reduced, so every rank drops the same step.
-            for parameter in self.parameters():
-                parameter.grad = None
-            self._skip_update("gradient norm")
+        if any(p.grad is not None for p in parameters):
+            # Before the Trainer clips; after DDP's all-reduce, so the same on every rank.
+            norm = grad_norm(parameters).double()
+            skip = bad_loss | ~torch.isfinite(norm)
+            if not self._guard_on_device():
+                if skip:  # the one read of the host guard (no device sync on a CPU)
+                    for parameter in self.parameters():
+                        parameter.grad = None  # AdamW then changes nothing
+            else:
+                self._masked.skip = skip
+            has_norm = ~bad_loss  # a skipped loss records no norm
+        else:  # a callback dropped the gradients: AdamW has nothing to apply, no norm
+            norm = has_norm = torch.zeros((), dtype=torch.float64, device=bad_here.device)
+        flags = [norm, has_norm, bad_here, bad_loss, ~torch.isfinite(norm)]
+        self._reader.add(self._records[-1], "guard", torch.stack([f.double() for f in flags]))
+
+    @override
+    def on_fit_start(self) -> None:
+        # A step with a non-finite loss or gradient norm applies nothing: the weights and
+        # AdamW's state (moments, step count) are put back on the device after the step
+        # (dropping the gradients would take a host read to decide, and zeroing them
+        # would still let weight decay and momentum move the weights).
+        if self._guard_on_device():
+            self._masked.attach(self.trainer.optimizers)
+
+    def _guard_on_device(self) -> bool:
+        if self.nonfinite_guard not in ("auto", "device", "host"):
+            raise ValueError(
+                f"nonfinite_guard={self.nonfinite_guard!r} must be 'auto', 'device' or 'host'"
+            )
+        if self.nonfinite_guard == "auto":
+            return self.device.type != "cpu"
+        return self.nonfinite_guard == "device"
+
+    @override
+    def teardown(self, stage: str) -> None:
+        self._masked.detach()
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # The per-step scalars go to the loggers in one log_metrics call: each self.log of
-        # a step value costs Lightning 0.7 ms (its result collection walks the metric's
-        # state to move it), 8% of a step here for four more of them.
-        record = self.history[-1]
+        if not self._records:
+            return
+        record = self._records[-1]
         step = int(record["step"])
         every: int = getattr(self.trainer, "log_every_n_steps", 1)  # set on it, untyped
         # Lightning's rule for what self.log sends: every n-th step and a stopping one
         if not every or ((step + 1) % every and not self.trainer.should_stop):
             return
-        keys = [k for k in STEP_SCALARS if k in record]
-        metrics = {LOGGED_AS.get(k, k): float(record[k]) for k in keys}
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
+        self._to_log.append(record)
+        if not self._reader.pending():  # read back already (a callback read the history)
+            self._log(self.trainer)
+
+    def _log(self, trainer: pl.Trainer) -> None:
+        # The per-step scalars go to the loggers in one log_metrics call: each self.log of
+        # a step value costs Lightning 0.7 ms (its result collection walks the metric's
+        # state to move it), 8% of a step here for four more of them. They go when the
+        # values are read back, each at its own step.
+        records, self._to_log = self._to_log, []
+        for record in records:
+            metrics = {LOGGED_AS.get(k, k): float(record[k]) for k in STEP_SCALARS if k in record}
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=int(record["step"]))
+
+    def _take(self, trainer: pl.Trainer | None, rows: list[Row]) -> None:
+        """Fill in the records with their values read back (``StepRecords``), list and
+        warn of the non-finite steps, and log the logging steps."""
+        for record, kind, values in rows:
+            if kind == "scalars":
+                record["loss"], record["max_logit"] = values[0], values[1]
+                record["position"] = int(values[2])
+                continue
+            norm, has_norm, bad_here, bad_loss, bad_norm = values
+            if has_norm:
+                record["grad_norm"] = norm
+            if bad_loss:
+                self._skip_update(record, "loss" if bad_here else "loss on another rank")
+            elif bad_norm:
+                self._skip_update(record, "gradient norm")
+        if trainer is not None and self._to_log:
+            self._log(trainer)
+
+    def _skip_update(self, record: dict[str, Any], what: str) -> None:
+        step = int(record["step"])
+        self._nonfinite.append(step)
+        record["skipped"] = 1.0
+        warnings.warn(
+            f"non-finite {what} at step {step}: its update is skipped, and no "
+            "checkpoint written after it will be chosen as a rollback target",
+            stacklevel=2,
+        )
 
     @override
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -358,6 +470,7 @@ class TinyGPTModule(pl.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # nonfinite_steps reads the pending steps back: the file lists every skipped one.
         checkpoint[CHECKPOINT_KEY] = {
             "model": asdict(self.model_config),
             "nonfinite_steps": list(self.nonfinite_steps),
@@ -423,78 +536,6 @@ def destroy_process_group() -> None:
 def destroy_process_group_at_exit() -> None:
     """Call ``destroy_process_group`` when the interpreter exits (registered once)."""
     atexit.register(destroy_process_group)
-
-
-def check_training_setup(
-    gpt: GPTConfig,
-    datamodule: StepDataModule | None,
-    accumulate_grad_batches: int = 1,
-    overfit_batches: float = 0,
-) -> None:
-    """Raises ``ValueError`` naming every part of a model, data and Trainer setup that
-    would fail at the first step or silently train on other batches: a text too short
-    for a row, rows longer than the model's context, characters beyond its vocabulary,
-    gradient accumulation (the batch of global step k is one whole batch), Lightning's
-    ``overfit_batches`` (the batches never repeat)."""
-    problems = []
-    if datamodule is not None:
-        try:
-            datamodule.setup("fit")  # builds the text, checking that rows can be cut from it
-        except ValueError as error:
-            problems.append(str(error))
-        rows, vocab = datamodule.config.block_size, datamodule.tokenizer.vocab_size
-        if rows > gpt.block_size:
-            problems.append(
-                f"DataConfig.block_size={rows} exceeds GPTConfig.block_size={gpt.block_size}: "
-                "rows must fit the model's context (make them equal)"
-            )
-        if gpt.vocab_size < vocab:
-            problems.append(
-                f"GPTConfig.vocab_size={gpt.vocab_size} is smaller than the {vocab} characters "
-                f"of the data's alphabet: use vocab_size={vocab}"
-            )
-    if accumulate_grad_batches != 1:
-        problems.append(
-            f"Trainer(accumulate_grad_batches={accumulate_grad_batches}): the batch of global "
-            "step k is one whole batch here; set DataConfig.batch_size to the rows a step "
-            "should see instead"
-        )
-    if overfit_batches:
-        problems.append(
-            f"Trainer(overfit_batches={overfit_batches}): the batch of global step k is drawn "
-            "for (data seed, k), so no batch comes again and Lightning's overfitting mode "
-            "would train on fresh batches without saying so; leave it at 0"
-        )
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
-def _refuse_differences(
-    saved: dict[str, Any], current: dict[str, Any], what: str, advice: str
-) -> None:
-    differ = config_differences(saved, current)
-    if differ:
-        raise ValueError(
-            f"the checkpoint's {what} differs from this module's ({'; '.join(differ)}): {advice}"
-        )
-
-
-def check_model_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raises ``ValueError`` listing every model-config field that differs."""
-    advice = "build the module with the checkpoint's config to resume it"
-    _refuse_differences(saved, current, "model config", advice)
-
-
-def check_optim_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raises ``ValueError`` listing every optimizer-config field that differs: a resume
-    restores AdamW's hyperparameters and the schedule's own from the checkpoint, so a
-    different config would be silently overridden."""
-    advice = (
-        "a resume restores AdamW and the LR schedule from the checkpoint, so these would be "
-        "silently ignored. Resume with the checkpoint's config; to change the LR from the "
-        "resume point on, add an LRScaler callback"
-    )
-    _refuse_differences(saved, current, "optimizer config", advice)
 
 
 def _as(cls: type, value: Any) -> Any:

@@ -5,12 +5,14 @@ device and read it back at most once every 50 steps in steady state.
 Counted with a ``TorchFunctionMode``: ``.item()``, ``.tolist()``, ``.cpu()``,
 ``.numpy()``, ``bool()``, ``float()`` and ``int()`` of a tensor while a frame of the
 project's package (``lit_spikes/``, ``callbacks/``) is on the stack; what the user's module
-and Lightning itself read is theirs.
+and Lightning itself read is theirs. The project's own ``TinyGPTModule`` is ours: its
+records, its non-finite guard and its logging keep to the same budget.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.overrides import TorchFunctionMode
 
-from lit_spikes import StepLoader
+from lit_spikes import StepLoader, module
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, _watch
+from lit_spikes.data import StepDataModule
+from lit_spikes.module import TinyGPTModule
 from lit_spikes.tb import RunLogger
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_DATA, TINY_GPT, TINY_OPTIM, tb_scalars
 from tests.user_modules import LoggingRegressor, regression_data
 
 OURS = (str(REPO / "lit_spikes") + "/", str(REPO / "callbacks") + "/")
@@ -74,13 +78,17 @@ class _Steady(Callback):
         self.mode.counting = False  # the fit's end reads what is pending: no steady step
 
 
-def our_reads(tmp_path: Path) -> int:
+def our_reads(tmp_path: Path, tiny_gpt: bool = False) -> int:
     """Host reads from lit-spikes' code over the steady steps of a run with the
-    detector, the skip-step, ExactResume and a TensorBoard logger on."""
+    detector, the skip-step, ExactResume and a TensorBoard logger on: of a user's
+    module, or of ``TinyGPTModule`` (its own callbacks too, from configure_callbacks)."""
     mode = HostReads()
+    # Not TinyGPTModule's train/loss: it is on the progress bar, and Lightning turns every
+    # progress-bar value into a float whenever callback_metrics is read (one read a step).
+    monitor = ["loss", "grad_norm"] if tiny_gpt else ["loss", "train_loss", "grad_norm"]
     callbacks = [
         _Steady(mode),
-        SpikeDetector(monitor=["loss", "train_loss", "grad_norm"]),
+        SpikeDetector(monitor=monitor),
         SkipStep(monitor="loss", window=16),
         ExactResume(),
     ]
@@ -93,10 +101,17 @@ def our_reads(tmp_path: Path) -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,
+        limit_val_batches=0,
+        log_every_n_steps=1,
     )
-    loader = StepLoader(regression_data(rows=4096), batch_size=8)
     with mode:
-        trainer.fit(LoggingRegressor(), train_dataloaders=loader)
+        if tiny_gpt:
+            gpt = TinyGPTModule(gpt=TINY_GPT, optim=replace(TINY_OPTIM, max_steps=STEPS))
+            gpt.nonfinite_guard = "device"  # as on an accelerator ("auto" reads on a CPU)
+            trainer.fit(gpt, datamodule=StepDataModule(TINY_DATA))
+        else:
+            loader = StepLoader(regression_data(rows=4096), batch_size=8)
+            trainer.fit(LoggingRegressor(), train_dataloaders=loader)
     assert trainer.global_step == STEPS
     return mode.count
 
@@ -104,6 +119,29 @@ def our_reads(tmp_path: Path) -> int:
 def test_our_callbacks_read_the_host_at_most_once_every_50_steps(tmp_path: Path) -> None:
     reads = our_reads(tmp_path)
     assert reads <= (STEPS - STEADY) // 50, f"{reads} host reads in {STEPS - STEADY} steps"
+
+
+def test_tiny_gpt_module_reads_the_host_at_most_once_every_50_steps(tmp_path: Path) -> None:
+    """Its records, non-finite guard and logging too; the loggers still get every step's
+    scalars, at its step."""
+    reads = our_reads(tmp_path, tiny_gpt=True)
+    assert reads <= (STEPS - STEADY) // 50, f"{reads} host reads in {STEPS - STEADY} steps"
+    scalars = tb_scalars(tmp_path / "run")
+    for tag in ("train/loss", "train/max_logit", "lr", "grad_norm", "data/position"):
+        assert [step for step, _ in scalars[tag]] == list(range(STEPS)), tag
+
+
+def test_a_read_added_to_the_modules_step_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control for the module: an ``.item()`` of the loss in its
+    ``_record``, compiled under module.py's name, is seen at every step."""
+    original = TinyGPTModule._record
+    source = "def _record(self, loss, *args):\n    loss.item()\n    original(self, loss, *args)\n"
+    namespace: dict[str, Any] = {"original": original}
+    exec(compile(source, module.__file__, "exec"), namespace)
+    monkeypatch.setattr(TinyGPTModule, "_record", namespace["_record"])
+    assert our_reads(tmp_path, tiny_gpt=True) >= STEPS - STEADY
 
 
 def test_a_read_added_to_a_callbacks_step_is_counted(
@@ -117,3 +155,37 @@ def test_a_read_added_to_a_callbacks_step_is_counted(
     exec(compile(source, _watch.__file__, "exec"), namespace)
     monkeypatch.setattr(_watch, "note_loss", namespace["note_loss"])
     assert our_reads(tmp_path) >= 2 * (STEPS - STEADY)  # two watchers, one read each a step
+
+
+@pytest.mark.parametrize("fault", ["nan_loss", "nan_grad"])
+def test_the_device_guard_drops_a_non_finite_update_as_the_host_guard_does(
+    tmp_path: Path, fault: str
+) -> None:
+    """The masked step (no read, as on an accelerator) ends with the same weights, AdamW
+    state and skipped steps as dropping the gradients after a read (a CPU's default)."""
+    from lit_spikes.training import RunSpec
+    from tests.conftest import NaNLossModule
+    from tests.test_callbacks import _NaNAtStep  # finite forward, NaN backward at step 12
+
+    runs = {}
+    for guard in ("host", "device"):
+        if fault == "nan_loss":
+            module: TinyGPTModule = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, nan_step=5)
+        else:
+            module = _NaNAtStep(gpt=TINY_GPT, optim=TINY_OPTIM)
+        module.nonfinite_guard = guard
+        spec = RunSpec(
+            tmp_path, guard, 14, progress_bar=False, trainer_kwargs={"limit_val_batches": 0}
+        )
+        trainer = spec.trainer()
+        with pytest.warns(UserWarning, match="its update is skipped"):
+            trainer.fit(module, datamodule=StepDataModule(TINY_DATA))
+        optimizer = trainer.optimizers[0].state_dict()["state"]
+        runs[guard] = (module.state_dict(), optimizer, module.nonfinite_steps)
+    (weights, state, skipped), (weights_d, state_d, skipped_d) = runs["host"], runs["device"]
+    assert skipped == skipped_d and len(skipped) == 1
+    for key, value in weights.items():
+        assert torch.equal(value, weights_d[key]), key
+    for index, entry in state.items():
+        for name, value in entry.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(state_d[index][name])), name
