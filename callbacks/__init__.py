@@ -2,6 +2,7 @@
 skip an outlier step's update (OLMo-core), and roll back to a real checkpoint."""
 
 from lit_spikes.callbacks.batch_skipper import BatchSkipper
+from lit_spikes.callbacks.clip import ClipGradients
 from lit_spikes.callbacks.exact_resume import ExactResume
 from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
 from lit_spikes.callbacks.lr_scaler import LRScaler
@@ -16,6 +17,7 @@ __all__ = [
     "AnotherHistory",
     "BatchSkipper",
     "CheckpointRetention",
+    "ClipGradients",
     "ExactResume",
     "FinalCheckpoint",
     "LRScaler",

@@ -63,8 +63,11 @@ def _condensed(message: str) -> str:
     return f"--{key[1]}: {cause}" if key else f"{lines[0]} {cause}"
 
 
-def command_parser(prog: str, description: str, config_class: type) -> CommandParser:
-    """A parser of ``config_class``'s fields at the top level, with ``--config``."""
+def command_parser(
+    prog: str, description: str, config_class: type, skip: set[str] | None = None
+) -> CommandParser:
+    """A parser of ``config_class``'s fields at the top level (but ``skip``: fields the
+    command adds its own way, e.g. class paths), with ``--config``."""
     CommandParser.command = prog
     # No abbreviations: an old spelling (--ckpt for --ckpt_path) is an error, not a guess.
     parser = CommandParser(
@@ -73,7 +76,7 @@ def command_parser(prog: str, description: str, config_class: type) -> CommandPa
     # jsonargparse's documented config action (not in its __all__, so mypy wants the attribute)
     config_action = jsonargparse.ActionConfigFile  # type: ignore[attr-defined]
     parser.add_argument("--config", action=config_action, help="a YAML file of these options")
-    parser.add_class_arguments(config_class, nested_key=None, fail_untyped=False)
+    parser.add_class_arguments(config_class, nested_key=None, fail_untyped=False, skip=skip)
     return parser
 
 

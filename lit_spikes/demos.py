@@ -405,7 +405,7 @@ def demo2_branches(setup: DemoSetup, plan: SpikePlan) -> list[Branch]:
             callbacks=[BatchSkipper(ranges=[plan.skip_straddle])],
         ),
         setup.branch(
-            "demo2/halve_lr",
+            "demo2/scale_lr",
             "halve the LR (OPT)",
             ckpt_path=ckpt,
             callbacks=[LRScaler(0.5, start_step=k)],

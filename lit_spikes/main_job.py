@@ -126,7 +126,7 @@ def clear_previous(setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3)) -> None
     if left:  # they would mix into this run's curves and rollback choices
         raise PreviousResultsStuck(
             f"could not remove {len(left)} file(s) of the previous main job, e.g. {left[0]} "
-            "(written by another user?): remove them, or give another --log-root"
+            "(written by another user?): remove them, or give another --log_root"
         )
 
 

@@ -3,7 +3,7 @@
 Trains the default (unstable) run with a spike detector; on a spike it rolls back to a
 real checkpoint and tries remedies (skip data, scale the LR, skip-step, clip) until one
 passes the spike, then trains on to the end. The ledger, every branch's TensorBoard run
-and the stitched accepted run go to --log-root (default runs/recover). Interrupted, run
+and the stitched accepted run go to --log_root (default runs/recover). Interrupted, run
 the same command again: it continues from its ledger. See lit_spikes/recover/ (its
 __init__ says which file holds what).
 

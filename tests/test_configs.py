@@ -5,7 +5,6 @@ reference plus exactly its one change."""
 from __future__ import annotations
 
 import importlib
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 RECOVER = CONFIG_DIR / "recover.yaml"
 """The one config for `lit-spikes recover` (RecoverConfig fields); the others are `fit`'s."""
 CONFIGS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p != RECOVER)
-EXPECTED = {"reference", "halve_lr", "clipping", "skip_data", "qk_norm"}
+EXPECTED = {"reference", "scale_lr", "clip", "skip_data", "qk_norm"}
 
 TINY_OVERRIDES = [
     *("--model.gpt.n_layer", "1", "--model.gpt.d_model", "16", "--model.gpt.n_head", "2"),
@@ -31,7 +30,7 @@ TINY_OVERRIDES = [
 ]
 
 REMEDY_CHANGES: dict[str, dict[str, Any]] = {
-    "halve_lr": {
+    "scale_lr": {
         "trainer.callbacks": [
             "lit_spikes.callbacks.SpikeDetector",
             {
@@ -40,7 +39,7 @@ REMEDY_CHANGES: dict[str, dict[str, Any]] = {
             },
         ]
     },
-    "clipping": {"trainer.gradient_clip_val": 1.0},
+    "clip": {"trainer.gradient_clip_val": 1.0},
     "skip_data": {
         "trainer.callbacks": [
             "lit_spikes.callbacks.SpikeDetector",
@@ -97,9 +96,7 @@ def test_config_has_a_header_with_its_command(path: Path) -> None:
 def test_config_trains_through_the_cli(path: Path, tmp_path: Path) -> None:
     raw = _load(path)
     args = ["fit", "--config", str(path), *TINY_OVERRIDES]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        cli = main([*args, "--trainer.default_root_dir", str(tmp_path)])
+    cli = main([*args, "--trainer.default_root_dir", str(tmp_path)])
     trainer = cli.trainer
     assert trainer.global_step == 3
     assert [int(r["step"]) for r in cli.model.history] == [0, 1, 2]
@@ -167,13 +164,13 @@ def test_recover_config_runs_through_the_recover_command(tmp_path: Path) -> None
             "recover",
             "--config",
             str(RECOVER),
-            "--log-root",
+            "--log_root",
             str(tmp_path),
-            "--steps",
+            "--max_steps",
             "6",
-            "--checkpoint-every",
+            "--checkpoint_every",
             "2",
-            "--val-every",
+            "--val_every",
             "6",
             "--fresh",
         ]

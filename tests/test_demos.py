@@ -205,7 +205,7 @@ def test_tensorboard_runs_overlay_on_one_step_axis(
         "demo1/resume_fresh_adamw",
         "demo1/resume_other_data_seed",
         "demo2/clip",
-        "demo2/halve_lr",
+        "demo2/scale_lr",
         "demo2/skip_before",
         "demo2/skip_straddle",
     ]
@@ -233,7 +233,7 @@ def test_tensorboard_hparams_layout_and_tables(
 
     setup, result, _ = main_job
     assert result.demo2 is not None
-    for run in ("demo1/reference", "demo2/halve_lr", "demo2/clip"):
+    for run in ("demo1/reference", "demo2/scale_lr", "demo2/clip"):
         accumulator = EventAccumulator(str(setup.log_root / run), size_guidance={"tensors": 0})
         accumulator.Reload()
         content = accumulator.PluginTagToContent("hparams")

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from lit_spikes.callbacks import RunDirectoryBusy, SpikeDetector
 from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.cli import main as cli_main
+from lit_spikes.data import DataConfig
+from lit_spikes.model import GPTConfig
+from lit_spikes.module import OptimConfig
 from lit_spikes.recover import (
     ACCEPTED_RUN,
     HISTORY_NAME,
@@ -54,22 +57,60 @@ first accepted skip window (6 positions) the second is trained at step 41."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny_config(log_root: Path, **changes: Any) -> RecoverConfig:
-    config = RecoverConfig(
-        log_root=log_root,
-        gpt=TINY_GPT,
-        optim=replace(TINY_OPTIM, max_steps=N, warmup_steps=4),
-        data=replace(TINY_DATA, poison=POISON),
-        model_seed=0,
-        checkpoint_every=10,
-        val_every=20,
-        rollback_distance=5,
-        ladder=("scale_lr", "skip_data", "skip_step", "clip"),  # scale_lr first: it fails here
-        skip_before=2,
-        skip_length=6,
-        accept_margin=5,
-    )
-    return replace(config, **changes)
+RUNGS = {
+    "skip_data": "lit_spikes.callbacks.BatchSkipper",
+    "scale_lr": "lit_spikes.callbacks.LRScaler",
+    "skip_step": "lit_spikes.callbacks.SkipStep",
+    "clip": "lit_spikes.callbacks.ClipGradients",
+}
+"""The built-in rungs by the names of their branches (``spike<n>/<name>``)."""
+SKIP_LENGTH = 6
+
+
+def ladder(
+    *names: str,
+    skip_before: int = 2,
+    skip_length: int = SKIP_LENGTH,
+    lr_factor: float = 0.5,
+    skip_step_window: int = 50,
+) -> tuple[dict[str, Any], ...]:
+    """The rungs ``names`` with these tests' options."""
+    options: dict[str, dict[str, Any]] = {
+        "skip_data": {"before": skip_before, "length": skip_length},
+        "scale_lr": {"factor": lr_factor},
+        "skip_step": {"sigma": 6.0, "window": skip_step_window},
+        "clip": {"value": 1.0},
+    }
+    return tuple({"class_path": RUNGS[name], "init_args": options[name]} for name in names)
+
+
+def tiny_config(
+    log_root: Path,
+    optim: OptimConfig | None = None,
+    data: DataConfig | None = None,
+    gpt: GPTConfig = TINY_GPT,
+    names: tuple[str, ...] = ("scale_lr", "skip_data", "skip_step", "clip"),  # scale_lr fails
+    rung_options: dict[str, Any] | None = None,
+    **changes: Any,
+) -> RecoverConfig:
+    """The tiny model on planted bad batches; ``names`` and ``rung_options``: its ladder."""
+    optim = optim or replace(TINY_OPTIM, max_steps=N, warmup_steps=4)
+    data = data or replace(TINY_DATA, poison=POISON)
+    model = {
+        "class_path": "lit_spikes.module.TinyGPTModule",
+        "init_args": {"gpt": asdict(gpt), "optim": asdict(optim), "model_seed": 0},
+    }
+    values: dict[str, Any] = {
+        "log_root": log_root,
+        "model": model,
+        "data": {"class_path": "lit_spikes.data.StepDataModule", "init_args": {"config": data}},
+        "checkpoint_every": 10,
+        "val_every": 20,
+        "rollback_distance": 5,
+        "ladder": ladder(*names, **(rung_options or {})),
+        "accept_margin": 5,
+    }
+    return RecoverConfig(**{**values, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +134,23 @@ def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("changes", "message"),
     [
         (
-            {"ladder": ("skip_data", "pray")},
-            r"ladder=\('skip_data', 'pray'\): unknown remedy 'pray'",
+            {"ladder": (*ladder("skip_data"), "pray")},
+            r"ladder='pray' is not a class path",
         ),
-        ({"ladder": ("clip", "clip")}, r"ladder=\('clip', 'clip'\)"),
-        ({"ladder": ()}, r"ladder=\(\)"),
-        ({"lr_factor": 1.5}, r"lr_factor=1.5 must be in \(0, 1\)"),
+        ({"names": ("clip", "clip")}, r"ladder=\['clip', 'clip'\]: .* each class once"),
+        ({"ladder": ()}, r"ladder=\[\]"),
+        ({"rung_options": {"lr_factor": 1.5}}, r"LRScaler .*: factor must be in \(0, 1\)"),
         ({"checkpoint_every": 0}, r"checkpoint_every=0 must be >= 1"),
         ({"rollback_distance": -1}, r"rollback_distance=-1 must be >= 1"),
         ({"rollback_distance": 0}, r"rollback_distance=0 must be >= 1: the checkpoint of"),
-        ({"clip_norm": 0.0}, r"clip_norm=0.0 must be > 0"),
+        (
+            {"ladder": [{"class_path": RUNGS["clip"], "init_args": {"value": 0.0}}]},
+            r"ClipGradients {'value': 0.0}: value must be > 0",
+        ),
         ({"max_steps": 0}, r"max_steps=0 must be >= 1"),
         ({"val_every": 25}, r"val_every=25 must be None or divide the run's 60 steps"),
         ({"gpt": replace(TINY_GPT, block_size=64)}, r"gpt.block_size=64 and data.block_size=16"),
+        ({"ladder": ("scale_lr",)}, r"'scale_lr' is now named by its class: 'lit_spikes"),
     ],
 )
 def test_config_rejects_bad_values(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
@@ -121,17 +166,113 @@ def test_config_round_trips_through_json(tmp_path: Path) -> None:
         RecoverConfig.from_dict({"ladders": ["clip"]})
 
 
-def test_cli_recover_help_and_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_recover_help_lists_every_field_with_its_docstring(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dataclasses import fields
+
+    from lit_spikes.recover import DetectorConfig
+
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recover", "--help"])
     assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    for option in ("--ladder", "--rollback-distance", "--accept-margin", "--compare", "--fresh"):
-        assert option in out, option
+    text = " ".join(capsys.readouterr().out.split())
+    for cls, prefix in ((RecoverConfig, "--"), (DetectorConfig, "--detector.")):
+        for f in fields(cls):
+            if f.name == "detector":
+                continue
+            assert f"{prefix}{f.name}" in text, f.name
+    for said in ("Every branch writes ``step=<k>.ckpt`` every this many steps.", "--fresh"):
+        assert said in text
+    for option in ("--model CONFIG | CLASS_PATH_OR_NAME", "--data CONFIG | CLASS_PATH_OR_NAME"):
+        assert option in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--checkpoint-every", "10"], "did you mean --checkpoint_every?"),
+        (["--log-root", "x"], "did you mean --log_root?"),
+        (["--checkpoint_every", "0"], "RecoverConfig.checkpoint_every=0 must be >= 1"),
+        (
+            [
+                "--ladder",
+                '[{"class_path": "lit_spikes.callbacks.LRScaler", "init_args": {"factor": 2}}]',
+            ],
+            "factor must be in (0, 1)",
+        ),
+        (["--model", "tests.spiky_modules.JumpRegressor"], "max_steps is required for model"),
+    ],
+    ids=["typo", "old-spelling", "refused", "rung-option", "needs-max-steps"],
+)
+def test_a_cli_mistake_gets_two_lines(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["recover", "--lr-factor", "2"])
+        cli_main(["recover", *argv])
     assert exit_info.value.code == 2
-    assert "lr_factor=2.0 must be in (0, 1)" in capsys.readouterr().err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("usage: lit-spikes recover")
+    assert lines[1].startswith("lit-spikes recover: error:") and said in lines[1], lines
+
+
+def test_print_config_round_trips_through_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lit_spikes.recover import parse
+
+    argv = [
+        "--model.init_args.optim.peak_lr",
+        "0.05",
+        "--data.init_args.config.seed",
+        "3",
+        "--checkpoint_every",
+        "25",
+        "--detector.ratio",
+        "2.5",
+        "--ladder",
+        '["lit_spikes.callbacks.LRScaler"]',
+    ]
+    config, _ = parse(argv)
+    optim, data = config.optim, config.data_config
+    assert optim is not None and optim.peak_lr == 0.05
+    assert data is not None and data.seed == 3
+    assert (config.checkpoint_every, config.detector.ratio) == (25, 2.5)
+    assert config.ladder == ({"class_path": RUNGS["scale_lr"], "init_args": {"factor": 0.5}},)
+    with pytest.raises(SystemExit):
+        parse([*argv, "--print_config"])
+    path = tmp_path / "recover.yaml"
+    path.write_text(capsys.readouterr().out)
+    assert parse(["--config", str(path)])[0] == config
+    assert parse(["--config", str(ROOT / "configs" / "recover.yaml")])[0] == RecoverConfig(
+        compare=True
+    )
+
+
+def test_recover_takes_any_model_and_data_by_class_path() -> None:
+    from lit_spikes.recover import parse
+
+    config, _ = parse(
+        [
+            "--model",
+            "tests.spiky_modules.JumpRegressor",
+            "--model.init_args.jump_step",
+            "30",
+            "--data",
+            "tests.spiky_modules.StepRegressionData",
+            "--data.init_args.poison",
+            "[30]",
+            "--max_steps",
+            "60",
+            "--val_every",
+            "null",
+        ]
+    )
+    assert config.model["class_path"] == "tests.spiky_modules.JumpRegressor"
+    assert config.model["init_args"]["jump_step"] == 30
+    assert config.data["init_args"]["poison"] == [30]
+    assert (config.steps, config.val_every, config.gpt) == (60, None, None)
 
 
 def test_fresh_refuses_a_directory_that_is_no_log_root_and_deletes_nothing(
@@ -142,7 +283,7 @@ def test_fresh_refuses_a_directory_that_is_no_log_root_and_deletes_nothing(
     (tmp_path / "sub").mkdir()
     (tmp_path / "important.txt").write_text("data")
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["recover", "--log-root", str(tmp_path), "--fresh"])
+        cli_main(["recover", "--log_root", str(tmp_path), "--fresh"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"--fresh would delete everything in {tmp_path}, but it holds no ledger.json" in err
@@ -159,35 +300,33 @@ def test_a_first_start_refuses_a_directory_with_files_and_deletes_nothing(
     notes.parent.mkdir()
     notes.write_text("data")
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["recover", "--log-root", str(tmp_path)])
+        cli_main(["recover", "--log_root", str(tmp_path)])
     assert exit_info.value.code == 2
     assert f"{tmp_path} holds no ledger.json but 1 entries (base)" in capsys.readouterr().err
     assert notes.read_text() == "data"
 
 
 def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path: Path) -> None:
-    from lit_spikes.recover import build_parser, config_from_args
+    from lit_spikes.recover import parse
 
     config_file = tmp_path / "recover.yaml"
     config_file.write_text(f"log_root: {tmp_path / 'from_file'}\n")
-    parser = build_parser()
-    from_file = config_from_args(parser.parse_args(["--config", str(config_file)]))
-    assert from_file.log_root == tmp_path / "from_file"
-    flag = ["--config", str(config_file), "--log-root", str(tmp_path / "flag")]
-    assert config_from_args(parser.parse_args(flag)).log_root == tmp_path / "flag"
-    assert config_from_args(parser.parse_args([])).log_root == RecoverConfig().log_root
-    assert config_from_args(parser.parse_args(["--val-every", "0"])).val_every is None
+    assert parse(["--config", str(config_file)])[0].log_root == tmp_path / "from_file"
+    flag = ["--config", str(config_file), "--log_root", str(tmp_path / "flag")]
+    assert parse(flag)[0].log_root == tmp_path / "flag"
+    assert parse([])[0].log_root == RecoverConfig().log_root
+    assert parse(["--val_every", "null"])[0].val_every is None
 
 
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
-        ("yaml", "is not valid YAML"),
-        ("list", "holds a list, not a mapping of settings"),
-        ("ledger_version", "ledger.json has format version 2; this lit-spikes reads version 1"),
+        ("yaml", "Problems parsing config: while parsing a flow mapping"),
+        ("list", "Unexpected config: - 1 2"),
+        ("ledger_version", "ledger.json has format version 1; this lit-spikes reads version 2"),
         ("ledger_torn", "is unreadable"),
         ("file_root", "is a file, not a directory"),
-        ("gpt_list", "RecoverConfig gpt: [1, 2] is not a mapping of its fields"),
+        ("gpt_list", "RecoverConfig model.init_args.gpt: [1, 2] is not a mapping of its fields"),
     ],
 )
 def test_recover_bad_input_is_a_usage_error_naming_it(
@@ -201,16 +340,18 @@ def test_recover_bad_input_is_a_usage_error_naming_it(
     elif setup == "list":
         config.write_text("- 1\n- 2\n")
     elif setup == "ledger_version":
-        (root / LEDGER_NAME).write_text('{"version": 2}')
+        (root / LEDGER_NAME).write_text('{"version": 1}')
     elif setup == "ledger_torn":
-        (root / LEDGER_NAME).write_text('{"version": 1, "config": {')
+        (root / LEDGER_NAME).write_text('{"version": 2, "config": {')
     elif setup == "file_root":
         root.rmdir()
         root.write_text("not a directory")
     elif setup == "gpt_list":
-        config.write_text("gpt: [1, 2]\n")
+        config.write_text(
+            "model: {init_args: {gpt: [1, 2]}, class_path: lit_spikes.module.TinyGPTModule}\n"
+        )
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["recover", "--config", str(config), "--log-root", str(root)])
+        cli_main(["recover", "--config", str(config), "--log_root", str(root)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -222,16 +363,16 @@ def test_a_ledger_or_history_of_an_unknown_format_version_is_refused_by_name(
     file, the version found and the versions it reads, before anything else is trusted."""
     from lit_spikes.recover import LedgerUnreadable
 
-    (tmp_path / LEDGER_NAME).write_text('{"version": 2, "config": {}}')
+    (tmp_path / LEDGER_NAME).write_text('{"version": 1, "config": {}}')  # an older one too
     with pytest.raises(LedgerUnreadable) as ledger_error:
         read_ledger(tmp_path)
-    expected = f"{tmp_path / LEDGER_NAME} has format version 2; this lit-spikes reads version 1"
+    expected = f"{tmp_path / LEDGER_NAME} has format version 1; this lit-spikes reads version 2"
     assert expected in str(ledger_error.value)
     history = tmp_path / HISTORY_NAME
     history.write_text('{"history_version": 7}\n{"step": 0, "loss": 1.0}\n')
     with pytest.raises(LedgerUnreadable) as history_error:
         read_history(history)
-    expected = f"{history} has format version 7; this lit-spikes reads version 1"
+    expected = f"{history} has format version 7; this lit-spikes reads version 1, 2"
     assert expected in str(history_error.value)
 
 
@@ -240,21 +381,18 @@ def test_a_history_file_begins_with_its_format_version(tmp_path: Path) -> None:
 
     history, records = tmp_path / HISTORY_NAME, [{"step": 0, "loss": 1.5}, {"val_step": 1}]
     write_history(history, records)
-    assert history.read_text().splitlines()[0] == '{"history_version": 1}'
+    assert history.read_text().splitlines()[0] == '{"history_version": 2}'
     assert read_history(history) == records
     history.write_text('{"step": 0, "loss": 1.5}\n')  # written before the version line
     assert read_history(history) == [{"step": 0, "loss": 1.5}]
 
 
-def test_one_remedy_or_metric_alone_is_a_list_of_one_not_of_letters(tmp_path: Path) -> None:
-    from lit_spikes.recover import build_parser, config_from_args
-
-    config = tmp_path / "recover.yaml"
-    config.write_text("ladder: scale_lr\ndetector: {monitor: grad_norm}\ndata:\n")
-    parser = build_parser()
-    loaded = config_from_args(parser.parse_args(["--config", str(config), "--data-seed", "1"]))
-    assert loaded.ladder == ("scale_lr",) and loaded.detector.monitor == ("grad_norm",)
-    assert loaded.data.seed == 1  # an empty data: section takes the flag
+def test_one_remedy_or_metric_alone_is_a_list_of_one_not_of_letters() -> None:
+    config = RecoverConfig.from_dict(
+        {"ladder": "lit_spikes.callbacks.LRScaler", "detector": {"monitor": "grad_norm"}}
+    )
+    assert config.ladder == ({"class_path": RUNGS["scale_lr"], "init_args": {"factor": 0.5}},)
+    assert config.detector.monitor == ("grad_norm",)
 
 
 # ------------------------------------------------------------------ end to end
@@ -292,11 +430,11 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
             records = steps_of(read_history(root / name / HISTORY_NAME))
             assert records[0]["step"] == intervention.ckpt_step
             first_line = (root / name / HISTORY_NAME).read_text().splitlines()[0]
-            assert first_line == '{"history_version": 1}'  # its format, first
+            assert first_line == '{"history_version": 2}'  # its format, first
             assert ledger.branch(name).ckpt_path == intervention.ckpt_path
     assert ledger.branch("spike2/skip_data").remedies == [
-        {"kind": "skip_data", "ranges": [[26, 32]]},  # the accepted remedy stays on
-        {"kind": "skip_data", "ranges": [[45, 51]]},
+        {"class_path": RUNGS["skip_data"], "init_args": {"ranges": [[26, 32]]}},  # stays on
+        {"class_path": RUNGS["skip_data"], "init_args": {"ranges": [[45, 51]]}},
     ]
     # The finished run: every step once, no spike left, no planted batch trained on.
     totals = ledger.totals
@@ -435,7 +573,7 @@ def test_sigkill_at_a_random_point_of_the_cli_and_restart_ends_bit_equal(
     config_file.write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "lit_spikes.cli", "recover"]
-    command += ["--config", str(config_file), "--log-root", str(config.log_root)]
+    command += ["--config", str(config_file), "--log_root", str(config.log_root)]
     child = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -511,7 +649,7 @@ def _signalled_worker(log_root: str, signal_name: str) -> None:
     config_file.write_text(json.dumps(spec))
     # main calls the recover its own module imported
     recover_cli.recover = functools.partial(recover_cli.recover, extra_callbacks=send)
-    recover_cli.main(["--config", str(config_file), "--log-root", log_root])
+    recover_cli.main(["--config", str(config_file), "--log_root", log_root])
 
 
 @pytest.mark.slow
@@ -570,8 +708,10 @@ def test_restart_with_other_arguments_is_refused(
 ) -> None:
     root = Path(uninterrupted.ledger.config["log_root"])
     before = (root / "ledger.json").read_text()
-    with pytest.raises(ValueError, match=r"lr_factor: ledger 0.5, now 0.25.*--fresh"):
-        RecoveryLoop(replace(tiny_config(root), lr_factor=0.25))
+    with pytest.raises(
+        ValueError, match=r"ladder: ledger .*'factor': 0.5.*'factor': 0.25.*--fresh"
+    ):
+        RecoveryLoop(tiny_config(root, rung_options={"lr_factor": 0.25}))
     assert (root / "ledger.json").read_text() == before
 
 
@@ -581,8 +721,8 @@ def test_skip_step_absorbs_a_bad_batch(tmp_path: Path) -> None:
         tmp_path / "skip_step",
         optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
         data=replace(TINY_DATA, poison=(28,)),
-        ladder=("skip_step",),
-        skip_step_window=10,
+        names=("skip_step",),
+        rung_options={"skip_step_window": 10},
     )
     result = recover(config)
     (intervention,) = result.ledger.interventions
@@ -636,8 +776,8 @@ def test_a_skip_window_from_the_branchs_first_step_counts_its_batches(tmp_path: 
         data=replace(TINY_DATA, poison=(28,)),
         checkpoint_every=4,
         rollback_distance=1,  # step=24.ckpt, 4 steps before the spike
-        skip_before=5,  # from position 23: clamped to the checkpoint's 24
-        ladder=("skip_data",),
+        names=("skip_data",),
+        rung_options={"skip_before": 5},  # from position 23: clamped to the checkpoint's 24
     )
     result = recover(config)
     (intervention,) = result.ledger.interventions
@@ -645,10 +785,10 @@ def test_a_skip_window_from_the_branchs_first_step_counts_its_batches(tmp_path: 
     branch = result.ledger.branch("spike1/skip_data")
     assert branch.start_step == 24
     first = steps_of(read_history(tmp_path / "clamped" / branch.name / HISTORY_NAME))[0]
-    assert (first["step"], first["position"]) == (24, 24 + config.skip_length)
-    assert branch.batches_skipped == config.skip_length
+    assert (first["step"], first["position"]) == (24, 24 + SKIP_LENGTH)
+    assert branch.batches_skipped == SKIP_LENGTH
     totals = result.ledger.totals
-    assert totals is not None and totals.batches_skipped == config.skip_length
+    assert totals is not None and totals.batches_skipped == SKIP_LENGTH
 
 
 @pytest.mark.slow
@@ -657,7 +797,7 @@ def test_an_exhausted_ladder_gives_up_and_trains_on(tmp_path: Path) -> None:
         tmp_path / "give_up",
         optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
         data=replace(TINY_DATA, poison=(28,)),
-        ladder=("clip",),  # clipping cannot make random characters predictable
+        names=("clip",),  # clipping cannot make random characters predictable
     )
     result = recover(config)
     (intervention,) = result.ledger.interventions
@@ -684,7 +824,7 @@ def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
         tmp_path / "compare",
         optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
         data=replace(TINY_DATA, poison=(28,)),
-        ladder=("skip_data",),
+        names=("skip_data",),
         compare=True,
     )
     console = Console(record=True, width=200)
@@ -761,7 +901,7 @@ def test_branches_that_give_up_or_compare_start_where_the_uninterrupted_loop_sta
             tmp_path / name,
             optim=replace(TINY_OPTIM, max_steps=40, warmup_steps=4),
             data=replace(TINY_DATA, poison=(28,)),
-            ladder=("clip",),
+            names=("clip",),
             compare=True,
         )
 
@@ -799,7 +939,7 @@ def test_a_log_root_that_cannot_be_created_is_a_usage_error(
 ) -> None:
     (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["recover", "--log-root", str(tmp_path / "afile" / "sub")])
+        cli_main(["recover", "--log_root", str(tmp_path / "afile" / "sub")])
     assert exit_info.value.code == 2
     assert "cannot be created" in capsys.readouterr().err
 

@@ -33,7 +33,7 @@ def command(tmp_path: Path, name: str) -> tuple[list[str], Path]:
     config_file.write_text(json.dumps(spec))
     root = tmp_path / name
     argv = [sys.executable, "-m", "lit_spikes.cli", "recover", "--config", str(config_file)]
-    return [*argv, "--log-root", str(root), "--devices", "2", "--strategy", "ddp"], root
+    return [*argv, "--log_root", str(root), "--devices", "2", "--strategy", "ddp"], root
 
 
 def steps_written(history: Path) -> list[int]:
@@ -159,11 +159,11 @@ def test_a_ledger_of_other_arguments_stops_both_ranks_with_rank_0s_error(
     root, _ = uninterrupted
     before = (root / "ledger.json").read_text()
     argv, _ = command(tmp_path, "other")
-    argv[argv.index("--log-root") + 1] = str(root)
-    argv += ["--lr-factor", "0.25"]
+    argv[argv.index("--log_root") + 1] = str(root)
+    argv += ["--accept_margin", "4"]
     done = subprocess.run(
         argv, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert done.returncode == 2, done.stderr[-4000:]  # the parser's error, from rank 0
-    assert done.stderr.count("was written with other arguments (lr_factor") == 1
+    assert done.stderr.count("was written with other arguments (accept_margin") == 1
     assert (root / "ledger.json").read_text() == before

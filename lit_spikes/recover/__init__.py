@@ -1,14 +1,18 @@
 """Automatic spike recovery: a closed loop around Lightning runs (``lit-spikes recover``).
 
-Training runs with a ``SpikeDetector`` and writes ``step=<k>.ckpt`` files. When a spike
-stops a run, the loop picks the newest valid checkpoint at least ``rollback_distance``
-steps before the spike's onset (``RollbackRestore``), and tries remedies from that real
-file, one branch each, in the order of a configurable ladder:
+Training runs with a ``SpikeDetector`` and writes ``step=<k>.ckpt`` files: any
+LightningModule on any LightningDataModule (``RecoverConfig.model`` and ``.data`` as class
+paths with their ``init_args``, or factories given to ``recover``), by default the built-in
+tiny GPT on its world. When a spike stops a run, the loop picks the newest valid checkpoint
+at least ``rollback_distance`` steps before the spike's onset (``RollbackRestore``), and
+tries remedies from that real file, one branch each, in the order of a configurable
+ladder of callbacks named by class path (``remedies``; a user's own callback is a rung,
+built for the spike by its ``for_spike`` classmethod if it has one). The default ladder:
 
-1. ``skip_data``: skip the data positions around the spike (PaLM);
-2. ``scale_lr``: multiply the LR by ``lr_factor`` from the checkpoint's step on (OPT);
-3. ``skip_step``: skip the update of outlier steps (``lit_spikes.callbacks.SkipStep``, OLMo-core);
-4. ``clip``: clip the gradient norm.
+1. ``BatchSkipper`` (``skip_data``): skip the data positions around the spike (PaLM);
+2. ``LRScaler`` (``scale_lr``): multiply the LR from the checkpoint's step on (OPT);
+3. ``SkipStep`` (``skip_step``): skip the update of outlier steps (OLMo-core);
+4. ``ClipGradients`` (``clip``): clip the gradient norm.
 
 A branch is accepted once it passes the spike's step plus ``accept_margin`` steps without
 a new spike; a branch that spikes earlier is rejected and the next remedy is tried from
@@ -35,11 +39,11 @@ their format versions), ``loop`` (the loop: plan, train, conclude), ``rollback``
 checkpoint a remedy starts from), ``remedies`` (the ladder's rungs), ``gate`` (a spike's
 stop, a branch's acceptance), ``branch`` (one branch as a Lightning run), ``outcome``
 and ``report`` (the totals and the tables), ``log_root`` (what ``--fresh`` may clear),
-``cli`` (``lit-spikes recover``).
+``cli`` (``lit-spikes recover``: ``RecoverConfig``'s fields on the shared command parser).
 """
 
-from lit_spikes.recover.cli import build_parser, config_from_args, main
-from lit_spikes.recover.config import REMEDIES, DetectorConfig, RecoverConfig
+from lit_spikes.recover.cli import build_parser, main, parse
+from lit_spikes.recover.config import DetectorConfig, RecoverConfig
 from lit_spikes.recover.gate import SpikeGate, skip_stepped
 from lit_spikes.recover.history import (
     HISTORY_NAME,
@@ -67,18 +71,23 @@ from lit_spikes.recover.ledger import (
 from lit_spikes.recover.loop import RecoverResult, RecoveryLoop, _Interrupted, recover
 from lit_spikes.recover.outcome import ACCEPTED_RUN, write_stitched_run
 from lit_spikes.recover.ranks import RankZeroStopped
-from lit_spikes.recover.remedies import describe_remedy, remedy_callbacks
+from lit_spikes.recover.remedies import (
+    DEFAULT_LADDER,
+    SpikeContext,
+    describe_remedy,
+    remedy_callbacks,
+)
 from lit_spikes.recover.report import print_ledger
 
 __all__ = [
     "ACCEPTED_RUN",
+    "DEFAULT_LADDER",
     "HISTORY_NAME",
     "HISTORY_VERSION",
     "HISTORY_VERSIONS",
     "LEDGER_NAME",
     "LEDGER_VERSION",
     "LEDGER_VERSIONS",
-    "REMEDIES",
     "BranchRecord",
     "DetectorConfig",
     "HistoryLog",
@@ -91,16 +100,17 @@ __all__ = [
     "RecoverConfig",
     "RecoverResult",
     "RecoveryLoop",
+    "SpikeContext",
     "SpikeGate",
     "Totals",
     "UnknownFormatVersion",
     "_Interrupted",
     "atomic_write_text",
     "build_parser",
-    "config_from_args",
     "dedupe_spikes",
     "describe_remedy",
     "main",
+    "parse",
     "print_ledger",
     "read_history",
     "read_ledger",

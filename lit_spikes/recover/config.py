@@ -1,26 +1,114 @@
-"""The loop's settings: what to train (``RecoverConfig``) and what counts as a spike
-(``DetectorConfig``), checked when built, and read from plain JSON/YAML data."""
+"""The loop's settings: what to train (``RecoverConfig``: a model and data as class paths
+with their ``init_args``, the built-in tiny GPT and its world by default) and what counts
+as a spike (``DetectorConfig``), checked when built, and read from plain JSON/YAML data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+import inspect
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+
 from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.data import DataConfig, data_config_from_dict, plain_config
+from lit_spikes.factories import ClassPath
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig
+from lit_spikes.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
-REMEDIES = ("skip_data", "scale_lr", "skip_step", "clip")
-"""The remedies a ladder may name, in the default order."""
+DEFAULT_MODEL = "lit_spikes.module.TinyGPTModule"
+"""The built-in model (the project's default run), and the only one with a QK-norm row."""
+DEFAULT_DATA = "lit_spikes.data.StepDataModule"
+"""The built-in data (the character world), built from its ``config`` (a ``DataConfig``)."""
+FACTORY = "factory"
+"""The key of a model or data given to ``run`` as a factory: ``{"factory": "<its name>"}``."""
 
 
-def _names(value: Any) -> tuple[str, ...]:
-    """A sequence of names; one name alone is a sequence of one (``ladder: scale_lr``),
-    not of its letters."""
-    return (value,) if isinstance(value, str) else tuple(value)
+def _names(value: Any) -> tuple[Any, ...]:
+    """A sequence; one name or rung alone is a sequence of one, not of its letters."""
+    return (value,) if isinstance(value, str | Mapping) else tuple(value)
+
+
+def default_model() -> dict[str, Any]:
+    """The built-in model's class path and ``init_args`` (the project's default run)."""
+    return _model_dict({"class_path": DEFAULT_MODEL})
+
+
+def default_data() -> dict[str, Any]:
+    """The built-in data's class path and ``init_args`` (``config``: a ``DataConfig``)."""
+    return _data_dict({"class_path": DEFAULT_DATA})
+
+
+def _model_dict(value: Any) -> dict[str, Any]:
+    """A model as plain data; the built-in one's ``gpt``/``optim``/``model_seed`` filled
+    in and checked, so equal settings compare equal."""
+    if isinstance(value, Mapping) and FACTORY in value:
+        return {FACTORY: str(value[FACTORY])}
+    path = ClassPath.of(value, "RecoverConfig.model")
+    klass = path.klass(pl.LightningModule, "RecoverConfig.model")  # a bad path fails here
+    args = _with_defaults(klass, path.init_args)
+    plain: dict[str, Any] = {"class_path": path.class_path, "init_args": args}
+    if path.class_path == DEFAULT_MODEL:
+        args["gpt"] = asdict(_of(GPTConfig, args.get("gpt"), "gpt"))
+        args["optim"] = asdict(_of(OptimConfig, args.get("optim"), "optim"))
+        args.setdefault("model_seed", DEFAULT_MODEL_SEED)
+    return plain_config(plain)  # type: ignore[no-any-return]
+
+
+def _data_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping) and FACTORY in value:
+        return {FACTORY: str(value[FACTORY])}
+    path = ClassPath.of(value, "RecoverConfig.data")
+    klass = path.klass(pl.LightningDataModule, "RecoverConfig.data")  # a bad path fails here
+    args = _with_defaults(klass, path.init_args)
+    plain: dict[str, Any] = {"class_path": path.class_path, "init_args": args}
+    if path.class_path == DEFAULT_DATA:
+        config = args.get("config")
+        if not isinstance(config, DataConfig):
+            config = data_config_from_dict(_mapping(config, "data.init_args.config"))
+        args["config"] = asdict(config)
+    return plain_config(plain)  # type: ignore[no-any-return]
+
+
+def _with_defaults(klass: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with the defaults of ``klass``'s other arguments (plain ones: data, a
+    dataclass), as the command line fills them in: one run, one spelling in a ledger."""
+    filled = dict(given)
+    for name, parameter in inspect.signature(klass).parameters.items():
+        default = parameter.default
+        if name in filled or name == "self" or default is inspect.Parameter.empty:
+            continue
+        if is_dataclass(default) and not isinstance(default, type):
+            filled[name] = asdict(default)
+        elif _plain(default):
+            filled[name] = default
+    return filled
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if value is None:  # "config:" left empty in a YAML file: the defaults
+        return {}
+    if not isinstance(value, Mapping):  # a list, a scalar
+        raise ValueError(
+            f"RecoverConfig {what}: {value!r} is not a mapping of its fields; leave it out "
+            "for the defaults"
+        )
+    return dict(value)
+
+
+def _of(cls: type, value: Any, what: str) -> Any:
+    return value if isinstance(value, cls) else cls(**_mapping(value, f"model.init_args.{what}"))
 
 
 @dataclass(frozen=True)
@@ -28,12 +116,18 @@ class DetectorConfig:
     """The ``SpikeDetector`` every branch runs (see its docstring for the meaning)."""
 
     monitor: tuple[str, ...] = ("loss",)
+    """Logged metrics to watch (``self.log`` names, or the step's ``loss``)."""
     window: int = 20
+    """Steps of the rolling mean a value is compared with."""
     warmup: int = 20
+    """Steps the window must hold before anything is flagged."""
     ratio: float | None = 1.4
+    """Flag a value above this many times the window's mean (None: no ratio test)."""
     z_score: float | None = None
+    """Flag a value this many standard deviations above the mean (None: no z test)."""
     min_step: int | None = None
-    """No flag before this global step (None: the end of the LR warm-up)."""
+    """No flag before this global step (None: the end of the built-in model's LR warm-up;
+    0 for another model)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "monitor", _names(self.monitor))
@@ -62,34 +156,30 @@ class RecoverConfig:
     log_root: Path = Path("runs/recover")
     """Root of every branch's run (``<log_root>/<branch>``), of the ledger and of the
     stitched ``accepted`` run."""
-    gpt: GPTConfig = field(default_factory=GPTConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    model_seed: int = DEFAULT_MODEL_SEED
+    model: dict[str, Any] = field(default_factory=default_model)
+    """The LightningModule every branch trains: ``class_path`` and ``init_args`` (the
+    built-in ``lit_spikes.module.TinyGPTModule`` takes ``gpt``, ``optim``, ``model_seed``)."""
+    data: dict[str, Any] = field(default_factory=default_data)
+    """The LightningDataModule of every branch: ``class_path`` and ``init_args`` (the
+    built-in ``lit_spikes.data.StepDataModule`` takes ``config``, a ``DataConfig``). Its
+    train data should be a ``lit_spikes.StepLoader`` (or positioned as one) for a resume
+    to continue at the right batch and for data to be skipped."""
     max_steps: int | None = None
-    """Global step at which training ends (None: where the LR schedule ends)."""
+    """Global step at which training ends (None: where the built-in model's LR schedule
+    ends; required for another model)."""
     checkpoint_every: int = 50
     """Every branch writes ``step=<k>.ckpt`` every this many steps."""
     val_every: int | None = 100
     """Validate every this many steps (None: only at the end)."""
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    """What counts as a spike."""
     rollback_distance: int = 20
     """The checkpoint a remedy resumes from is at least this many steps before the spike
     (at least 1: from the spike's own step, only skipping its data could change its loss)."""
-    ladder: tuple[str, ...] = REMEDIES
-    """Remedies to try for each spike, in order, each from the same checkpoint."""
-    skip_before: int = 5
-    """``skip_data`` skips data positions from the spike's position minus this ..."""
-    skip_length: int = 30
-    """... and this many positions (the seed's 30; PaLM skipped 200-500 batches)."""
-    lr_factor: float = 0.5
-    """``scale_lr`` multiplies the LR by this from the checkpoint's step on (OPT)."""
-    skip_step_sigma: float = 6.0
-    """``skip_step`` skips updates of losses above mean + this many std (OLMo-core: 6)."""
-    skip_step_window: int = 50
-    """Rolling window of ``skip_step``; it starts filled with the lineage's losses."""
-    clip_norm: float = 1.0
-    """``clip`` clips the gradient norm to this."""
+    ladder: tuple[dict[str, Any] | str, ...] = DEFAULT_LADDER
+    """Remedies to try for each spike, in order, each from the same checkpoint: Callbacks
+    as ``class_path`` and ``init_args`` (a class path alone: its defaults); the built-in
+    ones' ``init_args`` are their options (see ``lit_spikes.recover.remedies``)."""
     accept_margin: int = 20
     """A remedy is accepted once it trains this many steps past the spike without one."""
     max_interventions: int = 3
@@ -97,8 +187,9 @@ class RecoverConfig:
     max_branches: int = 8
     """Remedy branches the loop may start over the whole run."""
     compare: bool = False
-    """Also run 'do nothing' (the first run continued through its spike) and the
-    cause-aimed fix (QK-norm at the same LR, from scratch) as rows of the report."""
+    """Also run 'do nothing' (the first run continued through its spike) and, for the
+    built-in model, the cause-aimed fix (QK-norm at the same LR, from scratch) as rows of
+    the report."""
     devices: int = 1
     """Processes per machine. More than one trains every branch with Lightning's DDP
     across them (gloo on CPU), each taking its shard of the step's global batch."""
@@ -111,30 +202,31 @@ class RecoverConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_root", Path(self.log_root))
-        object.__setattr__(self, "ladder", _names(self.ladder))
+        object.__setattr__(self, "model", _model_dict(self.model))
+        object.__setattr__(self, "data", _data_dict(self.data))
+        object.__setattr__(self, "ladder", tuple(map(check_rung, _names(self.ladder))))
         self._check_ladder()
         self._check_counts()
-        self._check_remedies()
+        self._check_default_run()
         self._check_processes()
 
     def _check_ladder(self) -> None:
+        if self.max_steps is None and not self.builtin_model:
+            raise ValueError(
+                f"RecoverConfig.max_steps is required for model {self.model_name} (only the "
+                "built-in model's LR schedule says where its run ends)"
+            )
         if self.steps < 1:
             raise ValueError(f"RecoverConfig.max_steps={self.max_steps} must be >= 1")
-        unknown = [r for r in self.ladder if r not in REMEDIES]
-        if unknown:
+        names = [rung_name(r) for r in self.rungs]
+        if not self.ladder or len(set(names)) != len(names):
             raise ValueError(
-                f"RecoverConfig.ladder={self.ladder!r}: unknown remedy {unknown[0]!r}; "
-                f"choose from {REMEDIES}"
-            )
-        if not self.ladder or len(set(self.ladder)) != len(self.ladder):
-            raise ValueError(
-                f"RecoverConfig.ladder={self.ladder!r}: name each of {REMEDIES} at most once"
+                f"RecoverConfig.ladder={names!r}: give at least one remedy, each class once"
             )
 
     def _check_counts(self) -> None:
         steps = self.steps
-        positive = ("checkpoint_every", "skip_length", "skip_step_window", "max_branches")
-        for name in positive:
+        for name in ("checkpoint_every", "max_branches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 1")
         if self.rollback_distance < 1:
@@ -144,29 +236,22 @@ class RecoverConfig:
                 "a lower LR or clipping from there cannot change it (each such branch is spent "
                 "on the same spike)"
             )
-        for name in ("skip_before", "accept_margin", "max_interventions"):
+        for name in ("accept_margin", "max_interventions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 0")
         if self.val_every is not None and (self.val_every < 1 or steps % self.val_every):
             raise ValueError(
                 f"RecoverConfig.val_every={self.val_every} must be None or divide the run's "
-                f"{steps} steps (so every run ends validated); None (--val-every 0) "
+                f"{steps} steps (so every run ends validated); None (--val_every null) "
                 "validates at the end only"
             )
 
-    def _check_remedies(self) -> None:
-        if not 0 < self.lr_factor < 1:
-            raise ValueError(f"RecoverConfig.lr_factor={self.lr_factor} must be in (0, 1)")
-        if not self.skip_step_sigma > 0:
-            raise ValueError(f"RecoverConfig.skip_step_sigma={self.skip_step_sigma} must be > 0")
-        if self.skip_step_window < 2:
-            raise ValueError(f"RecoverConfig.skip_step_window={self.skip_step_window} must be >= 2")
-        if not self.clip_norm > 0:
-            raise ValueError(f"RecoverConfig.clip_norm={self.clip_norm} must be > 0")
-        if self.gpt.block_size != self.data.block_size:
+    def _check_default_run(self) -> None:
+        gpt, data = self.gpt, self.data_config
+        if gpt is not None and data is not None and gpt.block_size != data.block_size:
             raise ValueError(
-                f"RecoverConfig: gpt.block_size={self.gpt.block_size} and "
-                f"data.block_size={self.data.block_size} must be equal"
+                f"RecoverConfig: gpt.block_size={gpt.block_size} and "
+                f"data.block_size={data.block_size} must be equal"
             )
 
     def _check_processes(self) -> None:
@@ -181,15 +266,59 @@ class RecoverConfig:
             )
         if self.world_size > 1:  # "auto" means DDP then: one ledger identity for both
             object.__setattr__(self, "strategy", "ddp")
-        if self.data.batch_size % self.world_size:
+        data = self.data_config
+        if data is not None and data.batch_size % self.world_size:
             raise ValueError(
-                f"RecoverConfig: data.batch_size={self.data.batch_size} must divide by the "
+                f"RecoverConfig: data.batch_size={data.batch_size} must divide by the "
                 f"world size devices x num_nodes = {self.world_size}"
             )
 
     @property
+    def rungs(self) -> tuple[dict[str, Any], ...]:
+        """The ladder's rungs, each ``{"class_path", "init_args"}`` (``__post_init__``
+        turned a class path alone into one)."""
+        return tuple(r if isinstance(r, dict) else check_rung(r) for r in self.ladder)
+
+    @property
+    def builtin_model(self) -> bool:
+        """Whether the model is the built-in ``TinyGPTModule``."""
+        return self.model.get("class_path") == DEFAULT_MODEL
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model.get("class_path") or self.model.get(FACTORY))
+
+    @property
+    def gpt(self) -> GPTConfig | None:
+        """The built-in model's network (None: another model)."""
+        return GPTConfig(**self.model["init_args"]["gpt"]) if self.builtin_model else None
+
+    @property
+    def optim(self) -> OptimConfig | None:
+        """The built-in model's optimizer and schedule (None: another model)."""
+        return OptimConfig(**self.model["init_args"]["optim"]) if self.builtin_model else None
+
+    @property
+    def data_config(self) -> DataConfig | None:
+        """The built-in data's config (None: other data)."""
+        if self.data.get("class_path") != DEFAULT_DATA:
+            return None
+        return data_config_from_dict(self.data["init_args"]["config"])
+
+    @property
+    def default_min_step(self) -> int:
+        """The detector's first step when its config names none: the built-in model's
+        LR warm-up's end, else 0."""
+        optim = self.optim
+        return 0 if optim is None else optim.warmup_steps
+
+    @property
     def steps(self) -> int:
-        return self.optim.max_steps if self.max_steps is None else self.max_steps
+        if self.max_steps is not None:
+            return self.max_steps
+        optim = self.optim
+        assert optim is not None  # __post_init__ refuses another model without max_steps
+        return optim.max_steps
 
     @property
     def world_size(self) -> int:
@@ -207,7 +336,7 @@ class RecoverConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RecoverConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> RecoverConfig:
         """A config from ``to_dict``'s output, or any part of it (the rest: defaults).
 
         Raises:
@@ -218,26 +347,12 @@ class RecoverConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown RecoverConfig keys {unknown}; known: {sorted(known)}")
-        builders: dict[str, Callable[..., Any]] = {
-            "gpt": lambda values: GPTConfig(**values),
-            "optim": lambda values: OptimConfig(**values),
-            "data": data_config_from_dict,
-            "detector": lambda values: DetectorConfig(**values),
-        }
-        nested: dict[str, Any] = {}
-        for key, build in builders.items():
-            if key not in data:
-                continue
-            values = data.pop(key)
-            if values is None:  # "data:" left empty in a YAML file: the defaults
-                continue
-            if not isinstance(values, dict):  # a list, a scalar
-                raise ValueError(
-                    f"RecoverConfig {key}: {values!r} is not a mapping of its fields "
-                    f"(e.g. {key}: {{...}}); leave it out for the defaults"
-                )
-            nested[key] = build(values)
-        return cls(**data, **nested)
+        for key in ("model", "data", "detector"):
+            if key in data and data[key] is None:  # "data:" left empty in a YAML file
+                del data[key]
+        if "detector" in data:
+            data["detector"] = DetectorConfig(**_mapping(data["detector"], "detector"))
+        return cls(**data)
 
     def identity(self) -> dict[str, Any]:
         """What a restart must repeat to continue a ledger: everything but the location."""

@@ -13,8 +13,8 @@ from typing_extensions import override
 from lit_spikes.callbacks import SkipStep, SpikeDetector
 from lit_spikes.callbacks._common import trainer_callbacks
 from lit_spikes.callbacks._watch import read_back
-from lit_spikes.data import StepDataModule
-from lit_spikes.recover.history import _history
+from lit_spikes.loader import positioned
+from lit_spikes.recover.history import StepClock
 
 
 class SpikeGate(Callback):
@@ -34,9 +34,10 @@ class SpikeGate(Callback):
         mode: Literal["stop", "log"],
         accept_after: int | None,
         on_accept: Callable[[int], None],
+        clock: StepClock,
         start_step: int = 0,
     ) -> None:
-        self.detector, self.mode = detector, mode
+        self.detector, self.mode, self.clock = detector, mode, clock
         self.accept_after, self.on_accept = accept_after, on_accept
         self.start_step = start_step
         self.stop_spike: dict[str, Any] | None = None
@@ -53,18 +54,15 @@ class SpikeGate(Callback):
         own = [s for s in restored if int(s["step"]) >= self.start_step]
         own = [s for s in own if int(s["step"]) not in dropped]
         if own:
-            datamodule = getattr(trainer, "datamodule", None)  # typed loosely by Lightning
-            assert isinstance(datamodule, StepDataModule)
             step = int(own[0]["step"])
-            self.stop_spike = {**own[0], "position": datamodule.position_of_step(step)}
+            self.stop_spike = {**own[0], "position": position_of(trainer, step)}
             trainer.should_stop = True  # Lightning then trains no step
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        record = _history(pl_module)[-1]
-        step = int(record["step"])
+        step = self.clock.step
         read_back(trainer)  # the watchers' decisions of this step, from the device
         count = self.detector.num_spikes - self._seen
         new = list(self.detector.spikes)[len(self.detector.spikes) - count :] if count else []
@@ -72,7 +70,10 @@ class SpikeGate(Callback):
         dropped = set(skip_stepped(trainer_callbacks(trainer))) if new else set()
         for spike in new:
             if self.mode == "stop" and int(spike["step"]) not in dropped:
-                self.stop_spike = self.stop_spike or {**spike, "position": record["position"]}
+                self.stop_spike = self.stop_spike or {
+                    **spike,
+                    "position": position_of(trainer, step),
+                }
                 trainer.should_stop = True
         if not self.accepted and self.stop_spike is None:
             assert self.accept_after is not None
@@ -85,3 +86,10 @@ def skip_stepped(callbacks: Sequence[Callback]) -> list[int]:
     """Steps whose update a ``SkipStep`` among ``callbacks`` dropped (its restored state
     included)."""
     return sorted({s for cb in callbacks if isinstance(cb, SkipStep) for s in cb.skipped_steps})
+
+
+def position_of(trainer: pl.Trainer, step: int) -> int:
+    """The data position of global step ``step`` (the step itself for data that is not
+    positioned: nothing is skipped there)."""
+    data = positioned(trainer)
+    return step if data is None else int(data.position_of_step(step))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ from typing_extensions import override
 from lit_spikes.callbacks import SkipStep
 from lit_spikes.callbacks._common import trainer_callbacks
 from lit_spikes.callbacks._watch import read_back
+from lit_spikes.loader import positioned
 from lit_spikes.recover.ledger import Ledger, UnknownFormatVersion, atomic_write_text
 
 HISTORY_NAME = "history.jsonl"
-HISTORY_VERSION = 1
-"""The history format this code writes (its first line: ``{"history_version": 1}``)."""
-HISTORY_VERSIONS = (1,)
+HISTORY_VERSION = 2
+"""The history format this code writes (its first line: ``{"history_version": 2}``):
+version 2's step records hold ``max_logit`` only where the module logs one."""
+HISTORY_VERSIONS = (1, 2)
 """The history formats this code reads; a file without the first line is of version 1
 (written before the line existed)."""
 _HEADER = "history_version"
@@ -84,10 +87,49 @@ def lineage_records(ledger: Ledger, root: Path, head: str) -> list[dict[str, Any
     return records
 
 
-def _history(pl_module: pl.LightningModule) -> list[dict[str, float]]:
-    """The per-step records of the recovery's own module (``TinyGPTModule.history``)."""
-    history: list[dict[str, float]] = getattr(pl_module, "history", [])
-    return history
+class StepClock(Callback):
+    """The global step of the batch being trained (``trainer.global_step`` at its start:
+    the optimizer has counted it by the batch's end) and its LR (listed after the
+    remedies: an ``LRScaler``'s scaled one)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.lr: float | None = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self.step = trainer.global_step
+        if trainer.optimizers:
+            self.lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def step_record(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, clock: StepClock
+) -> dict[str, Any]:
+    """The record of step ``step``, just trained: the module's own when it keeps one
+    (``TinyGPTModule.history``: loss, max_logit, lr, position), else built here: the
+    step's loss (its ``outputs``, else the logged ``loss``), the LR of the first
+    optimizer as the step began, and the data position of the step (the step itself when
+    the data is not positioned)."""
+    step = clock.step
+    history = getattr(pl_module, "history", None)
+    if isinstance(history, list) and history and history[-1].get("step") == step:
+        return dict(history[-1])
+    record: dict[str, Any] = {"step": step, "loss": _loss(trainer, outputs)}
+    if clock.lr is not None:
+        record["lr"] = clock.lr
+    data = positioned(trainer)
+    record["position"] = step if data is None else int(data.position_of_step(step))
+    return record
+
+
+def _loss(trainer: pl.Trainer, outputs: Any) -> float:
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if loss is None:
+        loss = trainer.callback_metrics.get("loss")
+    return math.nan if loss is None else float(loss)
 
 
 class HistoryLog(Callback):
@@ -98,8 +140,8 @@ class HistoryLog(Callback):
     over the ranks' shards, the largest ``max_logit``, as the detector judges them, from
     one ``all_gather`` per step) and rank 0 alone writes."""
 
-    def __init__(self, path: Path, write: bool = True) -> None:
-        self.path, self.write = path, write
+    def __init__(self, path: Path, clock: StepClock, write: bool = True) -> None:
+        self.path, self.clock, self.write = path, clock, write
         self._handle: Any = None
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -115,16 +157,18 @@ class HistoryLog(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
-        record: dict[str, Any] = dict(_history(pl_module)[-1])
+        record = step_record(trainer, pl_module, outputs, self.clock)
         if trainer.world_size > 1:
-            local = torch.tensor([record["loss"], record["max_logit"]], dtype=torch.float64)
+            logit = record.get("max_logit", math.nan)
+            local = torch.tensor([record["loss"], logit], dtype=torch.float64)
             ranks = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2).tolist()
             losses = [loss for loss, _ in ranks]
             logits = [logit for _, logit in ranks]
             record["loss"] = sum(losses) / len(losses)
-            record["max_logit"] = math.nan if any(map(math.isnan, logits)) else max(logits)
+            if "max_logit" in record:
+                record["max_logit"] = math.nan if any(map(math.isnan, logits)) else max(logits)
             record["rank_loss"] = losses
         read_back(trainer)  # a SkipStep's decision of this step, from the device
         skipped = (

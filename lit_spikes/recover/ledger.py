@@ -14,10 +14,12 @@ from lit_spikes.checkpoints import atomic_write
 from lit_spikes.data import plain_config
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 1
-"""The ledger format this code writes."""
-LEDGER_VERSIONS = (1,)
-"""The ledger formats this code reads."""
+LEDGER_VERSION = 2
+"""The ledger format this code writes. Version 2: the config names the model and data by
+class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
+callbacks as ``{"class_path", "init_args"}``, comparison rows hold ``final_loss``."""
+LEDGER_VERSIONS = (2,)
+"""The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 
 
 class LedgerMismatch(ValueError):
@@ -62,9 +64,10 @@ class BranchRecord:
     parent: str | None
     """The branch whose checkpoint it starts from: the lineage goes through it."""
     remedies: list[dict[str, Any]] = field(default_factory=list)
-    """Every remedy active on this lineage, inherited ones first (JSON specs)."""
+    """Every remedy active on this lineage, inherited ones first: callbacks as
+    ``{"class_path", "init_args"}`` (the arguments each was built with)."""
     remedy: str | None = None
-    """The remedy this branch tries (remedy branches)."""
+    """The name of the rung this branch tries (remedy branches)."""
     intervention: int | None = None
     """Index of the intervention it belongs to."""
     gate: Literal["stop", "log"] = "stop"

@@ -30,7 +30,7 @@ def clear_log_root(root: Path) -> None:
         raise NotALogRoot(
             f"--fresh would delete everything in {root}, but it holds no "
             f"{LEDGER_NAME}: it is not a recovery log root ({len(others)} entries: "
-            f"{_named(others)}). Choose another --log-root, or empty this one yourself"
+            f"{_named(others)}). Choose another --log_root, or empty this one yourself"
         )
     for entry in root.iterdir():
         if entry.name == LOCK_NAME:  # stays: another recover would find it locked
@@ -54,5 +54,5 @@ def refuse_foreign_files(root: Path) -> None:
             f"({_named(others)}): a new "
             "recovery loop there would delete its branch directories (base, "
             "accepted, spike*, compare) if they are among them. Choose another "
-            "--log-root, or empty this one yourself"
+            "--log_root, or empty this one yourself"
         )

@@ -22,13 +22,22 @@ from rich.markup import escape
 from lit_spikes.callbacks import PreemptionCheckpoint, SpikeDetector
 from lit_spikes.callbacks._common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
-from lit_spikes.data import StepDataModule, plain_config
-from lit_spikes.recover.branch import branch_run, own_newest_checkpoint, summarize
+from lit_spikes.data import plain_config
+from lit_spikes.loader import positioned
+from lit_spikes.recover.branch import (
+    Builders,
+    branch_run,
+    own_newest_checkpoint,
+    spike_context,
+    summarize,
+    with_given,
+)
 from lit_spikes.recover.config import RecoverConfig
 from lit_spikes.recover.gate import SpikeGate
 from lit_spikes.recover.history import (
     HISTORY_NAME,
     HistoryLog,
+    StepClock,
     lineage_records,
     read_history,
     records_before,
@@ -46,7 +55,12 @@ from lit_spikes.recover.ledger import (
 from lit_spikes.recover.log_root import clear_log_root, refuse_foreign_files
 from lit_spikes.recover.outcome import ACCEPTED_RUN, comparison_rows, totals, write_stitched_run
 from lit_spikes.recover.ranks import Ranks, RankZeroStopped, round_trips
-from lit_spikes.recover.remedies import describe_remedy, remedy_spec
+from lit_spikes.recover.remedies import (
+    describe_remedy,
+    lineage_remedies,
+    remedy_spec,
+    rung_name,
+)
 from lit_spikes.recover.report import print_ledger
 from lit_spikes.recover.rollback import choose_rollback, newest_on_lineage
 from lit_spikes.training import checkpoint_path, quiet_branches
@@ -89,6 +103,9 @@ class RecoveryLoop:
         extra_callbacks: called with each branch record before it runs, returns callbacks
             to add (a seam for tests that break a run on purpose).
         fresh: discard an existing ledger and runs under the log root.
+        model: a factory of the LightningModule (or a class path) instead of
+            ``config.model``; called once per branch.
+        data: the same for the LightningDataModule.
     """
 
     def __init__(
@@ -98,7 +115,11 @@ class RecoveryLoop:
         progress_bar: bool = False,
         extra_callbacks: Callable[[BranchRecord], Sequence[Callback]] | None = None,
         fresh: bool = False,
+        model: Any = None,
+        data: Any = None,
     ) -> None:
+        config, model, data = with_given(config, model, data)
+        self.builders = Builders.of(config, model, data)
         self.config, self.progress_bar = config, progress_bar
         self.ranks = Ranks(config)
         self.console = console or Console(quiet=True)
@@ -275,7 +296,7 @@ class RecoveryLoop:
             branch=spiked.name,
             rollback_to=step,
         )
-        self.try_remedy(intervention, self.config.ladder[0])
+        self.try_remedy(intervention, self.config.rungs[0])
 
     def reject(self, branch: BranchRecord) -> None:
         assert branch.intervention is not None and branch.spike is not None
@@ -292,7 +313,7 @@ class RecoveryLoop:
         elif self.ledger.remedy_count() >= self.config.max_branches:
             self.give_up_intervention(intervention, f"max_branches={self.config.max_branches} used")
         else:
-            self.try_remedy(intervention, self.config.ladder[tried])
+            self.try_remedy(intervention, self.config.rungs[tried])
 
     def give_up_intervention(self, intervention: Intervention, reason: str) -> None:
         intervention.status, intervention.reason = "gave_up", reason
@@ -325,14 +346,11 @@ class RecoveryLoop:
             )
         )
 
-    def try_remedy(self, intervention: Intervention, remedy: str) -> None:
+    def try_remedy(self, intervention: Intervention, rung: dict[str, Any]) -> None:
         spiked = self.ledger.branch(intervention.spike["branch"])
         records = lineage_records(self.ledger, self.root, spiked.name)
-        spec = remedy_spec(remedy, self.config, intervention, spiked, records)
-        # One instance per kind and window: a newer one replaces an inherited one of the
-        # same state key (SkipStep, clipping); LR scalers and skip windows accumulate.
-        replaced = remedy in ("skip_step", "clip")
-        inherited = [r for r in spiked.remedies if not (replaced and r["kind"] == remedy)]
+        spec = remedy_spec(rung, spike_context(intervention, spiked, records))
+        remedy = rung_name(rung)
         name = f"spike{intervention.index + 1}/{remedy}"
         intervention.tried.append(name)
         self.add_branch(
@@ -342,7 +360,7 @@ class RecoveryLoop:
                 start_step=intervention.ckpt_step,
                 ckpt_path=intervention.ckpt_path,
                 parent=intervention.owner,
-                remedies=[*inherited, spec],
+                remedies=lineage_remedies(spiked.remedies, spec),
                 remedy=remedy,
                 intervention=intervention.index,
                 accept_after=min(
@@ -360,19 +378,22 @@ class RecoveryLoop:
         record = self.ledger.branch(record.name)  # rank 0's record, on every rank
         config = self.config
         run_dir = self.root / record.name
-        detector = config.detector.build(config.optim.warmup_steps)
+        detector = config.detector.build(config.default_min_step)
 
         def accept(step: int) -> None:
             self.accept(record, step)
 
-        gate = SpikeGate(detector, record.gate, record.accept_after, accept, record.start_step)
+        step_clock = StepClock()
+        gate = SpikeGate(
+            detector, record.gate, record.accept_after, accept, step_clock, record.start_step
+        )
         gate.accepted = gate.accepted or record.accepted_at is not None
-        history_log = HistoryLog(run_dir / HISTORY_NAME, write=self.ranks.leader)
+        history_log = HistoryLog(run_dir / HISTORY_NAME, step_clock, write=self.ranks.leader)
         extra = list(self.extra_callbacks(record)) if self.extra_callbacks else []
-        callbacks = [detector, gate, history_log, *extra]
+        callbacks = [detector, step_clock, gate, history_log, *extra]
         resume_step = start if ckpt else None
         module, datamodule, spec = branch_run(
-            config, record, callbacks, resume_step, self.progress_bar
+            self.builders, record, callbacks, resume_step, self.progress_bar
         )
         clock = time.perf_counter()
         try:
@@ -445,9 +466,7 @@ class RecoveryLoop:
     ) -> None:
         """Rank 0's part of a branch's end: its counts, and spiked or finished."""
         config = self.config
-        datamodule = getattr(trainer, "datamodule", None)  # typed loosely by Lightning
-        assert isinstance(datamodule, StepDataModule)
-        summarize(record, self.root, detector, trainer_callbacks(trainer), datamodule)
+        summarize(record, self.root, detector, trainer_callbacks(trainer), positioned(trainer))
         if gate.stop_spike is not None:
             record.status, record.spike = "spiked", gate.stop_spike
             self.event(
@@ -497,7 +516,7 @@ class RecoveryLoop:
                 )
             )
             return True
-        if "compare/qk_norm" not in names:
+        if "compare/qk_norm" not in names and self.config.builtin_model:
             self.add_branch(
                 BranchRecord(
                     name="compare/qk_norm",
@@ -542,13 +561,20 @@ def recover(
     progress_bar: bool = False,
     extra_callbacks: Callable[[BranchRecord], Sequence[Callback]] | None = None,
     fresh: bool = False,
+    model: Any = None,
+    data: Any = None,
 ) -> RecoverResult:
     """Run (or continue, from its ledger) the recovery loop; see the package docstring.
+
+    ``model`` and ``data``: factories (called once per branch) or class paths of the
+    LightningModule and LightningDataModule to train, instead of ``config.model`` and
+    ``config.data``. A factory is recorded in the ledger by its name: a restart must give
+    one of that name again (and the caller's word that it builds the same).
 
     Raises:
         ValueError: a ledger under ``config.log_root`` written with other arguments.
     """
-    loop = RecoveryLoop(config, console, progress_bar, extra_callbacks, fresh)
+    loop = RecoveryLoop(config, console, progress_bar, extra_callbacks, fresh, model, data)
     try:
         result = loop.run()
     finally:

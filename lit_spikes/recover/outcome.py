@@ -44,8 +44,18 @@ def totals(ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path) 
 
 
 def _max_logit_after(records: Sequence[dict[str, Any]], first: int) -> float | None:
-    steps = (r for r in records if "step" in r and r["step"] >= first)
+    steps = (r for r in records if "step" in r and r["step"] >= first and "max_logit" in r)
     return max((float(r["max_logit"]) for r in steps), default=None)
+
+
+FINAL_STEPS = 10
+"""``final_loss`` is the mean train loss of the run's last this many steps."""
+
+
+def final_loss(records: Sequence[dict[str, Any]]) -> float | None:
+    """The mean train loss of the last ``FINAL_STEPS`` steps of ``records`` (None: none)."""
+    losses = [float(r["loss"]) for r in records if "step" in r][-FINAL_STEPS:]
+    return sum(losses) / len(losses) if losses else None
 
 
 def comparison_rows(
@@ -63,6 +73,7 @@ def comparison_rows(
             "val_bpc": ledger.totals.val_bpc,
             "spikes": len(ledger.totals.unrecovered),
             "max_logit_after": _max_logit_after(records, first),
+            "final_loss": final_loss(records),
         }
     ]
     names = {b.name for b in ledger.branches}
@@ -77,6 +88,7 @@ def comparison_rows(
                 "val_bpc": float(vals[-1]["val_bpc"]) if vals else None,
                 "spikes": len(ledger.lineage_spikes(name)),
                 "max_logit_after": _max_logit_after(row_records, first),
+                "final_loss": final_loss(row_records),
             }
         )
     return rows

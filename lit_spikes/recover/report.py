@@ -75,7 +75,8 @@ def _totals_lines(ledger: Ledger, totals: Totals) -> list[str]:
 def _comparison_table(ledger: Ledger) -> Table:
     compare = Table(title="What the loop bought")
     compare.add_column("run")
-    for column in ("val bits/char", "spikes flagged", "max attn logit after 1st spike"):
+    columns = ("val bits/char", "spikes flagged", "max attn logit after 1st spike")
+    for column in (*columns, "final train loss"):
         compare.add_column(column, justify="right")
     for row in ledger.comparison:
         compare.add_row(
@@ -83,6 +84,7 @@ def _comparison_table(ledger: Ledger) -> Table:
             _fmt(row["val_bpc"]),
             str(row["spikes"]),
             _fmt(row["max_logit_after"], 1),
+            _fmt(row.get("final_loss")),
         )
     return compare
 
