@@ -23,8 +23,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.callbacks import ExactResume
 from lit_spikes.cli import main as cli_main
+from lit_spikes.detector_config import DetectorConfig
 from lit_spikes.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.recover.config import DetectorConfig
 from lit_spikes.training import checkpoint_path, step_checkpoint
 from tests.spiky_modules import FaultyRegressor, JumpRegressor, StepRegressionData
 

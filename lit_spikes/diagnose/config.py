@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lit_spikes.recover.config import DetectorConfig
+from lit_spikes.detector_config import DetectorConfig
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing_extensions import override
 
 from lit_spikes.callbacks import BatchSkipper, SpikeDetector
 from lit_spikes.checkpoints import load_checkpoint
+from lit_spikes.detector_config import DetectorConfig
 from lit_spikes.diagnose.config import DiagnoseConfig
 from lit_spikes.diagnose.subject import Subject
 from lit_spikes.diagnose.verdict import Replay, bit_equal
 from lit_spikes.loader import positioned
-from lit_spikes.recover.config import DetectorConfig
 from lit_spikes.training import RunSpec, quiet_branches
 
 LOSS_TAGS = ("train/loss", "loss")

@@ -42,8 +42,9 @@ and ``report`` (the totals and the tables), ``log_root`` (what ``--fresh`` may c
 ``cli`` (``lit-spikes recover``: ``RecoverConfig``'s fields on the shared command parser).
 """
 
+from lit_spikes.detector_config import DetectorConfig
 from lit_spikes.recover.cli import build_parser, main, parse
-from lit_spikes.recover.config import DetectorConfig, RecoverConfig
+from lit_spikes.recover.config import RecoverConfig
 from lit_spikes.recover.gate import SpikeGate, skip_stepped
 from lit_spikes.recover.history import (
     HISTORY_NAME,

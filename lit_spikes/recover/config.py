@@ -12,8 +12,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.data import DataConfig, data_config_from_dict, plain_config
+from lit_spikes.detector_config import DetectorConfig as DetectorConfig  # (its old home)
 from lit_spikes.factories import ClassPath
 from lit_spikes.model import GPTConfig
 from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig
@@ -109,43 +109,6 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
 
 def _of(cls: type, value: Any, what: str) -> Any:
     return value if isinstance(value, cls) else cls(**_mapping(value, f"model.init_args.{what}"))
-
-
-@dataclass(frozen=True)
-class DetectorConfig:
-    """The ``SpikeDetector`` every branch runs (see its docstring for the meaning)."""
-
-    monitor: tuple[str, ...] = ("loss",)
-    """Logged metrics to watch (``self.log`` names, or the step's ``loss``)."""
-    window: int = 20
-    """Steps of the rolling mean a value is compared with."""
-    warmup: int = 20
-    """Steps the window must hold before anything is flagged."""
-    ratio: float | None = 1.4
-    """Flag a value above this many times the window's mean (None: no ratio test)."""
-    z_score: float | None = None
-    """Flag a value this many standard deviations above the mean (None: no z test)."""
-    min_step: int | None = None
-    """No flag before this global step (None: the end of the built-in model's LR warm-up;
-    0 for another model)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "monitor", _names(self.monitor))
-        if self.min_step is not None and self.min_step < 0:
-            raise ValueError(f"DetectorConfig.min_step={self.min_step} must be >= 0 or None")
-        self.build(0)  # the detector's own checks, with its own messages
-
-    def build(self, default_min_step: int) -> SpikeDetector:
-        """A detector that records spikes; stopping is the loop's gate's job."""
-        return SpikeDetector(
-            monitor=self.monitor,
-            window=self.window,
-            warmup=self.warmup,
-            ratio=self.ratio,
-            z_score=self.z_score,
-            action="log",
-            min_step=default_min_step if self.min_step is None else self.min_step,
-        )
 
 
 @dataclass(frozen=True)
