@@ -405,7 +405,8 @@ class LitSpikesCLI(LightningCLI):
         beside the file (every setting, also of callbacks that keep no state), then each
         stateful one the file's own record names that those lack, rebuilt from its state
         key (a copied or archived file has no config.yaml beside it)."""
-        self._default_callbacks, self._record = entries_to_resume(path, checkpoint)
+        entries, self._record = entries_to_resume(path, checkpoint)
+        self._default_callbacks = entries
         return {"trainer.callbacks": self._default_callbacks} if self._default_callbacks else {}
 
     def _check_recorded_callbacks(self) -> None:
