@@ -2,7 +2,7 @@
 
 A branch is a picklable description of one Trainer run: what to train, from which real
 ``.ckpt`` file, with which callbacks. ``run_branches`` runs independent branches in
-worker processes (one CPU thread each, so both cores are busy and every branch computes
+worker processes (one CPU thread each, so every core is busy and every branch computes
 exactly what it would alone) and shows one overall progress display.
 """
 
@@ -16,7 +16,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -138,10 +138,13 @@ class BranchResult:
 class _Reporter(Callback):
     """Tells the parent process how a branch is doing: ``("progress", name, step)`` every
     few steps, ``("checkpoint", name, step)`` once ``step=<k>.ckpt`` is on disk, and
-    ``("spike", name, record)`` for each spike a detector among the callbacks flags."""
+    ``("spike", name, record)`` for each spike a detector among the callbacks flags.
+    Once ``stop`` is set, the branch stops at its next step, as on a SIGTERM."""
 
-    def __init__(self, name: str, queue: Any, checkpoint_every: int | None, every: int = 5):
-        self.name, self.queue, self.every = name, queue, every
+    def __init__(
+        self, name: str, queue: Any, checkpoint_every: int | None, stop: Any = None, every: int = 5
+    ):
+        self.name, self.queue, self.every, self.stop = name, queue, every, stop
         self.checkpoint_every = checkpoint_every
         self._spikes_sent = 0
         self._checkpoint_sent = 0
@@ -169,6 +172,10 @@ class _Reporter(Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.stop is not None and self.stop.is_set():
+            # The runner closes on an error: the branch's own SIGTERM path (a preemption
+            # checkpoint where it writes them) stops it, rather than training to its end.
+            os.kill(os.getpid(), signal.SIGTERM)
         self._send_checkpoint(trainer)
 
     @override
@@ -188,15 +195,20 @@ class _Reporter(Callback):
 
 
 def run_branch(
-    branch: Branch, log_root: Path, progress_queue: Any = None, progress_bar: bool = True
+    branch: Branch,
+    log_root: Path,
+    progress_queue: Any = None,
+    progress_bar: bool = True,
+    stop: Any = None,
 ) -> BranchResult:
-    """Train one branch to its end and collect its results."""
+    """Train one branch to its end and collect its results (``progress_queue``: where it
+    reports, see ``_Reporter``; ``stop``: an event that stops it early)."""
     started_at, start = time.time(), time.perf_counter()
     module = TinyGPTModule(gpt=branch.gpt, optim=branch.optim, model_seed=branch.model_seed)
     datamodule = StepDataModule(branch.data)
     callbacks = list(branch.callbacks)
     if progress_queue is not None:
-        callbacks.append(_Reporter(branch.name, progress_queue, branch.checkpoint_every))
+        callbacks.append(_Reporter(branch.name, progress_queue, branch.checkpoint_every, stop))
     spec = RunSpec(
         log_root=log_root,
         name=branch.name,
@@ -270,18 +282,19 @@ def branch_hparams(branch: Branch) -> dict[str, float | int | str | bool]:
 _REPORTS: Any = None
 """In a worker process: the queue its branches report to (given at its start: a
 ``multiprocessing`` queue travels to a process when it starts, not with each task)."""
+_STOP: Any = None
+"""In a worker process: the event that stops its branch early (given at its start too)."""
 
 
-def _start_worker(reports: Any) -> None:
+def _start_worker(reports: Any, stop: Any) -> None:
     # First: Ctrl-C in a terminal reaches every process of its group, and an idle worker
     # would die of a KeyboardInterrupt (a traceback, a broken pool). The main process
-    # decides: it stops the workers (SIGTERM). A branch training here still catches
-    # SIGINT: its PreemptionCheckpoint installs its own handler while it trains.
+    # decides: it sets ``stop``. A branch training here still catches SIGINT: its
+    # PreemptionCheckpoint installs its own handler while it trains.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    global _REPORTS
-    _REPORTS = reports
-    # Every report a branch's result waits for is read before that result (its "end"
-    # marker): a worker need not wait at its exit for a reader that may be gone.
+    global _REPORTS, _STOP
+    _REPORTS, _STOP = reports, stop
+    # Only progress is lost if the reader is gone: a worker need not wait for it at exit.
     reports.cancel_join_thread()
     torch.set_num_threads(1)
     parent = mp.parent_process()
@@ -298,12 +311,7 @@ def _exit_with(parent: Any) -> None:
 
 
 def _worker(branch: Branch, log_root: Path) -> BranchResult:
-    try:
-        return run_branch(branch, log_root, _REPORTS)
-    finally:
-        # The queue's feeder thread may deliver the branch's last reports after its
-        # result (which comes back on the pool's own pipe): this marker comes after them.
-        _REPORTS.put(("end", branch.name, None))
+    return run_branch(branch, log_root, _REPORTS, stop=_STOP)
 
 
 def _ready() -> None:
@@ -320,10 +328,16 @@ def _context() -> Any:
     return mp.get_context("spawn")
 
 
-class _Relay:
-    """The queue a branch trained in this process reports to: its progress goes to the
-    display, its checkpoints and spikes to ``on_report`` at once (or, without one, to
-    ``events``)."""
+def _died(future: Future[BranchResult]) -> bool:
+    """Whether ``future`` failed because a process of the pool died."""
+    done = future.done() and not future.cancelled()
+    return done and isinstance(future.exception(), BrokenProcessPool)
+
+
+class _Here:
+    """Where a branch trained in this process reports: checkpoints and spikes go to
+    ``on_report`` at once; with its progress, the runner shows the workers' and hands
+    waiting branches to free workers (this process has no other thread to do it)."""
 
     def __init__(
         self, runner: BranchRunner, on_report: Callable[[str, str, Any], None] | None
@@ -333,30 +347,30 @@ class _Relay:
     def put(self, item: tuple[str, str, Any]) -> None:
         kind, name, payload = item
         if kind == "progress":
-            self.runner._show_progress(name, payload)
+            self.runner._show(name, payload)
+            self.runner._read_reports()
+            self.runner._dispatch()
         elif self.on_report is not None:
             self.on_report(kind, name, payload)
-        else:
-            self.runner._held.append(item)
 
 
 class BranchRunner:
     """Runs branches in ``workers`` worker processes (one CPU thread each) under one
-    overall progress display, and passes on what the branches report while they run, so
-    a caller can start new branches as soon as a checkpoint or a spike they need exists.
+    overall progress display, and passes on what a branch trained in this process
+    reports while it runs, so that a caller can submit new branches as soon as a
+    checkpoint or a spike they need exists.
 
     This process works too: ``run_here`` trains a branch here at once (the one every
-    other branch waits for: no process to start), and while ``events`` waits, it takes
-    the next submitted branch whenever every worker is busy. So no core idles while a
-    branch waits, and the last branches end closer together.
+    other branch waits for: no process to start), and while every worker is busy,
+    ``events`` trains the next waiting branch here. So no core idles while one waits.
 
     Example:
-        >>> with BranchRunner(Path("runs"), workers=2) as runner:
+        >>> with BranchRunner(Path("runs"), workers=1) as runner:
         ...     def on_report(kind, name, payload):
         ...         if kind == "checkpoint" and payload == 100:
         ...             runner.submit(branch_from_step_100)
         ...     runner.run_here(reference, on_report)
-        ...     for kind, name, payload in runner.events():
+        ...     for kind, name, result in runner.events():
         ...         pass
         >>> runner.results["demo1/reference"]
     """
@@ -367,21 +381,17 @@ class BranchRunner:
         self.log_root, self.workers = log_root, workers
         self.results: dict[str, BranchResult] = {}
         self._stack = ExitStack()
-        self._futures: dict[Future[BranchResult], str] = {}
+        self._waiting: deque[Branch] = deque()
+        """Submitted, not yet handed to the pool: this process may still take them."""
+        self._futures: dict[Future[BranchResult], Branch] = {}
+        """Handed to the pool, their results not yet collected, in that order."""
         self._tasks: dict[str, tuple[TaskID, int]] = {}
-        self._held: deque[tuple[str, str, Any]] = deque()
-        self._ended: set[str] = set()
-        self._pending: deque[Branch] = deque()
-        self._lock = threading.Lock()
-        self._drain_error: BaseException | None = None
-        self._started = threading.Event()
-        self._start_error: BaseException | None = None
-        self._broken = False
-        """A worker died: nothing more goes to the pool; ``_raise_if_broken`` says so."""
+        self._refused = False
+        """A submit found the pool broken: ``_raise_if_broken`` says so."""
 
     def __enter__(self) -> BranchRunner:
         context = _context()
-        self._queue = context.Queue()
+        self._queue, self._stop = context.Queue(), context.Event()
         columns = (
             TextColumn("{task.description:<30}"),
             BarColumn(),
@@ -391,18 +401,14 @@ class BranchRunner:
         # Twice a second, not Rich's default 10: redrawing every branch's bar costs 4% of
         # a core in a terminal at 10 Hz, taken from the training beside it.
         self._progress = self._stack.enter_context(Progress(*columns, refresh_per_second=2))
-        self._pool = self._stack.enter_context(
-            ProcessPoolExecutor(
-                self.workers,
-                mp_context=context,
-                initializer=_start_worker,
-                initargs=(self._queue,),
-            )
+        self._pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self._queue, self._stop),
         )
-        # Workers start on demand: start them all now, so that they are ready when the
-        # first branches are submitted (each submit finding none idle starts one). The
-        # first start waits seconds for the server's imports: a thread waits, so that
-        # a branch can train here meanwhile; nothing goes to the pool until it is done.
+        # Workers start on demand, the first after the fork server's imports (seconds):
+        # a thread starts them now, while a branch trains here, so that they are ready.
         self._starter = threading.Thread(target=self._start_workers, daemon=True)
         self._starter.start()
         return self
@@ -411,10 +417,8 @@ class BranchRunner:
         try:
             for _ in range(self.workers):
                 self._pool.submit(_ready)
-        except BaseException as error:  # e.g. the server failed to start: dispatch raises it
-            self._start_error = error
-        finally:
-            self._started.set()
+        except (BrokenProcessPool, RuntimeError):
+            pass  # a broken or closed pool: the branches' own submits say so
 
     def __exit__(
         self,
@@ -424,173 +428,121 @@ class BranchRunner:
     ) -> None:
         self._starter.join()  # before the pool shuts down
         if error is not None:
-            # The pool's shutdown would wait for every running branch to train to its end:
-            # queued ones are dropped, running ones get SIGTERM (each writes its preemption
-            # checkpoint and stops at the next step; an idle worker just ends).
-            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
-                process.terminate()
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            # The shutdown would wait for every running branch to train to its end: each
+            # stops at its next step instead, and queued ones are dropped.
+            self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=error is not None)
         self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:
         """Queue ``branch``: a worker takes it when one is free (or this process, from
         ``events``, when none is)."""
-        if self._start_error is not None:
-            raise self._start_error
-        first = _ckpt_step(branch.ckpt_path)
-        task = self._progress.add_task(branch.name, total=branch.max_steps - first)
-        self._tasks[branch.name] = (task, first)
-        with self._lock:
-            self._pending.append(branch)
-            self._dispatch()
+        self._add_task(branch)
+        self._waiting.append(branch)
+        self._dispatch()
 
     def _dispatch(self) -> None:
-        """Hand queued branches to free workers (the caller holds the lock). Branches go
-        to the pool one per free worker only, so the queue stays here to be shared."""
-        if not self._started.is_set():
-            return  # the workers are still starting: the branches wait here
-        if self._start_error is not None:
-            raise self._start_error
+        """Hand waiting branches to free workers, one each: the pool would queue more
+        for its busy workers, where this process could no longer take them."""
+        if self._starter.is_alive() or self._refused:
+            return  # the first start holds the pool's lock for seconds: none waits here
         busy = sum(not future.done() for future in self._futures)
-        while self._pending and busy < self.workers and not self._broken:
-            branch = self._pending[0]
+        while self._waiting and busy < self.workers:
             try:
-                future = self._pool.submit(_worker, branch, self.log_root)
+                future = self._pool.submit(_worker, self._waiting[0], self.log_root)
             except BrokenProcessPool:
-                # Not here: this may run in a branch's callback in this process (a
-                # reference training on), which the error would abort nameless. Said once
-                # that run is done, naming the branches the dead worker took with it.
-                self._broken = True
+                # Not raised here: this may run in a callback of a branch training here,
+                # which it would abort nameless. Said once that run is done, with names.
+                self._refused = True
                 return
-            self._pending.popleft()
-            self._futures[future] = branch.name
+            self._futures[future] = self._waiting.popleft()
             busy += 1
 
-    def _raise_if_broken(self) -> None:
-        """Raises WorkerDied if a worker died, naming the branches it left without a
-        result (each future of the pool fails once one of its processes dies)."""
-        with self._lock:
-            lost = [
-                name
-                for future, name in self._futures.items()
-                if future.done() and isinstance(future.exception(), BrokenProcessPool)
-            ]
-        if lost or self._broken:
-            raise WorkerDied(lost)
+    def _add_task(self, branch: Branch) -> None:
+        if branch.name not in self._tasks:
+            first = _ckpt_step(branch.ckpt_path)
+            task = self._progress.add_task(branch.name, total=branch.max_steps - first)
+            self._tasks[branch.name] = (task, first)
 
-    def _show_progress(self, name: str, step: int) -> None:
+    def _show(self, name: str, step: int) -> None:
         task, first = self._tasks[name]
         self._progress.update(task, completed=step - first)
+
+    def _finish(self, name: str) -> None:
+        task, _ = self._tasks[name]
+        self._progress.update(task, completed=self._progress.tasks[task].total)
+
+    def _read_reports(self) -> None:
+        """Shows the progress the workers reported; their other reports are not needed:
+        their branches' results come back whole."""
+        while True:
+            try:
+                kind, name, payload = self._queue.get_nowait()
+            except Empty:
+                return
+            if kind == "progress":
+                self._show(name, payload)
+
+    def _raise_if_broken(self) -> None:
+        """Raises WorkerDied once a worker died, naming the branches left without a
+        result (every unfinished future of the pool then fails)."""
+        if self._refused or any(_died(future) for future in self._futures):
+            lost = [b.name for f, b in self._futures.items() if not f.done() or _died(f)]
+            raise WorkerDied(lost)
 
     def run_here(
         self, branch: Branch, on_report: Callable[[str, str, Any], None] | None = None
     ) -> BranchResult:
         """Train ``branch`` in this process (one thread, as a worker) while the workers
         run what is submitted, and call ``on_report(kind, name, payload)`` for each
-        checkpoint and spike it reports, as it happens (``on_report`` may ``submit``;
-        without it those reports come out of ``events``)."""
-        if branch.name not in self._tasks:
-            first = _ckpt_step(branch.ckpt_path)
-            task = self._progress.add_task(branch.name, total=branch.max_steps - first)
-            self._tasks[branch.name] = (task, first)
-        stop = threading.Event()
-        drain = threading.Thread(target=self._drain, args=(stop,), daemon=True)
-        drain.start()
+        checkpoint and spike it reports, as it happens (``on_report`` may ``submit``)."""
+        self._add_task(branch)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the same numerics as in a worker
         try:
-            result = run_branch(branch, self.log_root, _Relay(self, on_report))
+            result = run_branch(branch, self.log_root, _Here(self, on_report))
         finally:
             torch.set_num_threads(threads)
-            stop.set()
-            drain.join()
-        if self._drain_error is not None:
-            raise self._drain_error
         self._raise_if_broken()
         self.results[branch.name] = result
-        task, _ = self._tasks[branch.name]
-        self._progress.update(task, completed=self._progress.tasks[task].total)
+        self._finish(branch.name)
         return result
 
-    def _drain(self, stop: threading.Event) -> None:
-        """While ``run_here`` trains: show the workers' progress, keep their other
-        reports for ``events``, and hand queued branches to workers as they free up."""
-        try:
-            while not stop.is_set():
-                with self._lock:
-                    self._dispatch()
-                try:
-                    kind, name, payload = self._queue.get(timeout=0.2)
-                except Empty:
-                    continue
-                self._take_report(kind, name, payload)
-        except BaseException as error:  # e.g. a broken pool: run_here raises it
-            self._drain_error = error
-
-    def _take_report(self, kind: str, name: str, payload: Any) -> None:
-        """A worker's report: progress is shown, an end marker noted, the rest held."""
-        if kind == "progress":
-            self._show_progress(name, payload)
-        elif kind == "end":
-            self._ended.add(name)
-        else:
-            self._held.append((kind, name, payload))
-
-    def events(self) -> Iterator[tuple[str, str, Any]]:
-        """Yields ``(kind, branch, payload)`` reports (checkpoints, spikes; progress goes
-        to the display) until every submitted branch is done
-        (including branches submitted while iterating); results land in ``results``.
-        A branch's reports all come before its ``("done", name, result)``. While every
-        worker is busy, this process trains the next queued branch itself. (A branch
-        trained by a direct ``run_here`` call has no ``done`` event: it returns.)"""
-        while True:
-            while self._held:
-                yield self._held.popleft()
-            with self._lock:
-                self._dispatch()
-                mine = self._pending.popleft() if self._pending and not self._broken else None
-                waiting = bool(self._futures)
+    def events(self) -> Iterator[tuple[str, str, BranchResult]]:
+        """Yields ``("done", name, result)`` as each submitted branch ends, until all have
+        (branches submitted meanwhile included); results also land in ``results``. A
+        branch's error is raised here; a dead worker's as ``WorkerDied``. While every
+        worker is busy, this process trains the next waiting branch itself."""
+        while self._waiting or self._futures:
             self._raise_if_broken()  # before this process trains a branch of its own
-            if mine is not None:
-                result = self.run_here(mine)
-                while self._held:
-                    yield self._held.popleft()
-                yield "done", mine.name, result
+            self._dispatch()
+            if self._waiting:
+                # Every worker busy (or starting): this core's work keeps the main job
+                # within its target, 0.6x the seed's serial way.
+                branch = self._waiting.popleft()
+                yield "done", branch.name, self.run_here(branch)
                 continue
-            if not waiting:
-                return
-            try:
-                kind, name, payload = self._queue.get(timeout=0.2)
-            except Empty:
-                pass
-            else:
-                self._take_report(kind, name, payload)
-            while self._held:
-                yield self._held.popleft()
-            with self._lock:
-                finished = [
-                    (future, name)
-                    for future, name in self._futures.items()
-                    if future.done() and (name in self._ended or future.exception() is not None)
-                ]
-                for future, _ in finished:
-                    del self._futures[future]
-            for future, name in finished:
-                if isinstance(future.exception(), BrokenProcessPool):
-                    self._raise_if_broken()  # a worker died: named, not a bare pool error
+            # wait, not as_completed: the workers' progress is read between waits, and a
+            # timeout of as_completed would end its iteration.
+            done, _ = wait(self._futures, timeout=0.5, return_when=FIRST_COMPLETED)
+            self._read_reports()
+            for future in [f for f in self._futures if f in done]:
+                if _died(future):
+                    self._raise_if_broken()
+                name = self._futures.pop(future).name
                 self.results[name] = future.result()  # re-raises a branch's error here
-                task, _ = self._tasks[name]
-                self._progress.update(task, completed=self._progress.tasks[task].total)
+                self._finish(name)
                 yield "done", name, self.results[name]
 
 
 def run_branches(
     branches: Sequence[Branch], log_root: Path, workers: int = 2
 ) -> dict[str, BranchResult]:
-    """Run independent branches, ``workers`` at a time, each in its own process."""
+    """Run independent branches, ``workers`` at a time: in ``workers - 1`` worker
+    processes and this one (with one worker: here, one after the other)."""
     if workers == 1:
         return {b.name: run_branch(b, log_root) for b in branches}
-    with BranchRunner(log_root, workers) as runner:
+    with BranchRunner(log_root, workers - 1) as runner:  # this process is the other
         for branch in branches:
             runner.submit(branch)
         for _ in runner.events():

@@ -1,10 +1,14 @@
 """BranchRunner: branches trained here and in worker processes, started as the
-checkpoints they need appear, each computing exactly what it computes alone."""
+checkpoints they need appear, each computing exactly what it computes alone; a dead
+worker named, an error stopping the workers' branches, no orphan left training."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.branches import Branch, BranchRunner, _ready, run_branch
+from lit_spikes.branches import Branch, BranchInterrupted, BranchRunner, _ready, run_branch
 from lit_spikes.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
 
@@ -33,26 +37,42 @@ def tiny_branch(name: str, ckpt_path: Path | None = None, **changes: Any) -> Bra
     )
 
 
+class SlowInAWorker(Callback):
+    """Sleeps ``seconds`` at a branch's first step in any process but ``main_pid``."""
+
+    def __init__(self, main_pid: int, seconds: float) -> None:
+        self.main_pid, self.seconds = main_pid, seconds
+
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
+        if os.getpid() != self.main_pid:
+            time.sleep(self.seconds)
+
+
 @pytest.mark.slow
 def test_runner_trains_every_branch_once_and_each_as_alone(tmp_path: Path) -> None:
     root = tmp_path / "runner"
     ckpt = checkpoint_path(root / "reference", K)
-    children = [tiny_branch(f"child{i}", ckpt) for i in range(3)]
+    slow = SlowInAWorker(os.getpid(), 3.0)  # the worker still on its first when the reference ends
+    children = [tiny_branch(f"child{i}", ckpt, callbacks=[slow]) for i in range(3)]
     reports: list[tuple[str, str, Any]] = []
 
     def on_report(kind: str, name: str, payload: Any) -> None:
         reports.append((kind, name, payload))
         if (kind, payload) == ("checkpoint", K):
-            for child in children:  # one worker: the others wait, or this process takes one
+            for child in children:  # one worker: this process takes those waiting
                 runner.submit(child)
 
     with BranchRunner(root, workers=1) as runner:
+        runner._starter.join()  # the worker is up: it takes the first child at once
         reference = runner.run_here(tiny_branch("reference", checkpoint_every=K), on_report)
         events = list(runner.events())
     assert ("checkpoint", "reference", K) in reports
     done = [name for kind, name, _ in events if kind == "done"]
     assert sorted(done) == [c.name for c in children]  # each once
     assert set(runner.results) == {"reference", *done}
+    # The worker is busy with the first child: this process takes the next one at least.
+    here = [runner.results[c.name].pid == os.getpid() for c in children]
+    assert here[:2] == [False, True], here
     alone_root = tmp_path / "alone"
     alone = run_branch(tiny_branch("reference", checkpoint_every=K), alone_root, progress_bar=False)
     for key, value in alone.state.items():
@@ -119,30 +139,35 @@ def test_an_idle_worker_outlives_the_terminals_ctrl_c(tmp_path: Path) -> None:
     """Ctrl-C reaches every process of the terminal's group. An idle worker must not die
     of it (a KeyboardInterrupt traceback, and a pool broken for the branches after): the
     main process decides what an interrupt stops."""
+    others = set(multiprocessing.active_children())
     with BranchRunner(tmp_path, workers=1) as runner:
         runner._starter.join()
-        runner._pool.submit(_ready).result()  # the worker is up, and idle again
-        (worker,) = runner._pool._processes.values()  # type: ignore[attr-defined]
-        os.kill(worker.pid, signal.SIGINT)
-        worker.join(timeout=1)  # time for the signal to land: an ignored one keeps it alive
-        assert worker.is_alive()
+        runner._pool.submit(_ready).result()  # a worker is up, and idle again
+        workers = set(multiprocessing.active_children()) - others  # the pool's
+        assert len(workers) == 1
+        for worker in workers:
+            assert worker.pid is not None
+            os.kill(worker.pid, signal.SIGINT)
+        for worker in workers:
+            worker.join(timeout=1)  # time for the signal to land: ignored, it lives on
+            assert worker.is_alive()
         runner.submit(tiny_branch("after"))
         done = [name for kind, name, _ in runner.events() if kind == "done"]
     assert done == ["after"]
     assert runner.results["after"].state
 
 
-BUSY_WORKER = """
-import sys, time
+BUSY_WORKERS = """
+import multiprocessing, sys, time
 from pathlib import Path
-from lit_spikes.branches import BranchRunner, _ready
-runner = BranchRunner(Path(sys.argv[1]), workers=1)
+from lit_spikes.branches import BranchRunner
+runner = BranchRunner(Path(sys.argv[1]), workers=2)
 runner.__enter__()
 runner._starter.join()
-runner._pool.submit(_ready).result()
-(worker,) = runner._pool._processes.values()
-runner._pool.submit(time.sleep, 600)  # busy, as a worker training a long branch
-print(worker.pid, flush=True)
+for _ in range(2):  # every worker of the pool busy, as workers training long branches
+    runner._pool.submit(time.sleep, 600)
+time.sleep(1)
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
 time.sleep(600)
 """
 
@@ -156,33 +181,67 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_busy_worker_ends_when_the_main_process_is_killed(tmp_path: Path) -> None:
+def test_busy_workers_end_when_the_main_process_is_killed(tmp_path: Path) -> None:
     """SIGKILL (or a crash) of the main job leaves no handler to stop its workers: each
     must notice by itself, not train on as an orphan that then blocks on a dead pipe."""
     import subprocess
     import sys
-    import time
 
     root = Path(__file__).resolve().parent.parent
     child = subprocess.Popen(
-        [sys.executable, "-c", BUSY_WORKER, str(tmp_path)],
+        [sys.executable, "-c", BUSY_WORKERS, str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=root,
     )
     assert child.stdout is not None
-    pid = int(child.stdout.readline())
+    pids = [int(pid) for pid in child.stdout.readline().split()]
     try:
-        assert _alive(pid)
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
         child.kill()
         child.wait()
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(pid)
+        assert not any(_alive(pid) for pid in pids)
     finally:
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+class MarksStep(Callback):
+    """Creates ``path`` at ``step``: the branch is training."""
+
+    def __init__(self, path: Path, step: int) -> None:
+        self.path, self.step = path, step
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.path.touch()
+
+
+@pytest.mark.slow
+def test_an_error_stops_the_workers_branches_at_their_next_step(tmp_path: Path) -> None:
+    """Leaving the runner on an error must not wait for the running branches to train to
+    their end: each stops as on a SIGTERM (its preemption checkpoint written)."""
+    marker = tmp_path / "training"
+    long = replace(
+        tiny_branch("long", checkpoint_every=K, callbacks=[MarksStep(marker, 3)]),
+        max_steps=2_000,  # without the stop it trains to its end: a failure, not a hang
+    )
+    with pytest.raises(KeyError), BranchRunner(tmp_path, workers=1) as runner:
+        runner._starter.join()  # the worker takes it at once
+        runner.submit(long)
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyError("the caller's error")
+    (future,) = runner._futures
+    stopped = future.exception()
+    assert isinstance(stopped, BranchInterrupted), stopped
+    assert stopped.signum == signal.SIGTERM and 3 <= stopped.step < long.max_steps
+    assert checkpoint_path(tmp_path / "long", stopped.step).is_file()
 
 
 class DiesInAWorker(Callback):
@@ -202,8 +261,6 @@ def test_a_worker_killed_mid_branch_is_named_once_this_process_run_ends(tmp_path
     """The pool breaks when a worker dies: a branch this process trains meanwhile, which
     queues another at its checkpoint, must train on (it was aborted from its own callback
     with a nameless BrokenProcessPool), and the error then names the lost branch."""
-    import time
-
     from lit_spikes.branches import WorkerDied
 
     with (
@@ -230,7 +287,7 @@ def test_worker_died_names_its_branches_after_a_round_trip_through_pickle() -> N
 
     from lit_spikes.branches import WorkerDied
 
-    again = pickle.loads(pickle.dumps(WorkerDied(["demo2/halve_lr"])))
-    assert again.names == ["demo2/halve_lr"]
-    assert "died while training demo2/halve_lr (" in str(again)
+    again = pickle.loads(pickle.dumps(WorkerDied(["demo2/scale_lr"])))
+    assert again.names == ["demo2/scale_lr"]
+    assert "died while training demo2/scale_lr (" in str(again)
     assert "died (killed" in str(WorkerDied([]))  # an idle worker: no branch lost
