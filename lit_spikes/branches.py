@@ -391,7 +391,8 @@ class BranchRunner:
 
     def __enter__(self) -> BranchRunner:
         context = _context()
-        self._queue, self._stop = context.Queue(), context.Event()
+        self._queue = context.Queue()
+        self._stop = context.Event()
         columns = (
             TextColumn("{task.description:<30}"),
             BarColumn(),
