@@ -435,7 +435,7 @@ def bench_compile(console: Console, steps: int, warmup: int, repeats: int) -> No
         torch.equal(value, resumed.model.state_dict()[key])
         for key, value in whole.model.state_dict().items()
     )
-    torch._dynamo.reset()
+    torch.compiler.reset()
     e, c = statistics.median(eager), statistics.median(compiled)
     table = Table(title=f"7. torch.compile on CPU, 1 thread ({repeats} interleaved repeats)")
     for column in ("model", "ms/step (median)", "all repeats", "first step (s)"):
