@@ -4,6 +4,7 @@ well under a second per run, with the same code path as the demos."""
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +104,8 @@ def fit(
         resume_step=_resume_step(ckpt_path),
     )
     with warnings.catch_warnings():
+        # As in pyproject.toml's filters, for the tests' scripts that call fit in a new
+        # process, where pytest's filters do not reach.
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         if ckpt_path is not None and Path(ckpt_path).parent.parent != spec.run_dir:
             # A branch: Lightning says that its checkpoints go elsewhere than the run's it
@@ -210,6 +213,8 @@ def wait_for(
 
 
 def _hold_directory(directory: Path, ready: Any) -> None:
+    # terminate() ends it even if the forking process had a SIGTERM handler installed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     RunDirectoryLock(directory).acquire()
     ready.set()
     time.sleep(120)  # killed or terminated by the test

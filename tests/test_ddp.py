@@ -457,11 +457,9 @@ def test_ddp_batch_skipper_and_lr_scaler_resume_bit_exactly(tmp_path: Path) -> N
     module.load_state_dict(final["state_dict"])
     single = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     world = replace(TINY_DATA.world, **REMEDIES["data"]["world"])
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        [metrics] = single.validate(
-            module, datamodule=StepDataModule(replace(TINY_DATA, world=world)), verbose=False
-        )
+    [metrics] = single.validate(
+        module, datamodule=StepDataModule(replace(TINY_DATA, world=world)), verbose=False
+    )
     assert metrics["val/bpc"] == pytest.approx(bpcs[0], rel=1e-6)
 
 

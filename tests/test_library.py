@@ -25,9 +25,12 @@ from tests.user_modules import DropoutRegressor, LoggingRegressor, PoisonedRows,
 
 STEPS, RESUME_AT, BATCH = 30, 17, 8  # 12 batches an epoch: the resume is mid-epoch 1
 
-# Each run of a pair writes its files into its own folder, as a test must: Lightning then
-# says the resumed ModelCheckpoint's dirpath changed, which is what these tests do.
-pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed from")
+# Lightning's warnings about what a test below does on purpose (each run of a pair writes
+# into its own folder: the dirpath change is filtered in pyproject.toml).
+NOT_RESUMABLE = (
+    "ignore:You're resuming from a checkpoint that ended before the epoch ended:UserWarning"
+)
+NO_EXACT_RESUME = "ignore:Be aware that when using `ckpt_path`.*'ExactResume\\{}':UserWarning"
 
 
 def trainer(
@@ -144,7 +147,15 @@ class FailsOnce(DropoutRegressor):
 @pytest.mark.parametrize(
     ("module", "resume_at", "kwargs"),
     [
-        (ValidationDraws, 10, {"val_check_interval": 5, "check_val_every_n_epoch": None}),
+        pytest.param(
+            ValidationDraws,
+            10,
+            {"val_check_interval": 5, "check_val_every_n_epoch": None},
+            # the shuffled validation loader, whose order draws from the RNG, is the point
+            marks=pytest.mark.filterwarnings(
+                "ignore:Your `val_dataloader`'s sampler has shuf:UserWarning"
+            ),
+        ),
         (StartDraws, RESUME_AT, {}),
     ],
 )
@@ -157,6 +168,14 @@ def test_draws_between_a_checkpoint_and_the_next_step_do_not_break_the_resume(
     assert states_equal(whole, resumed) == []
 
 
+# With an OnExceptionCheckpoint, Lightning takes a fresh fit's ckpt_path=None for "last" (of
+# which the failing run has none yet): two warnings about what is here a first fit.
+@pytest.mark.filterwarnings(
+    "ignore:`.fit\\(ckpt_path=None\\)` was called without a model:UserWarning"
+)
+@pytest.mark.filterwarnings(
+    'ignore:.fit\\(ckpt_path="last"\\) is set, but there is no last:UserWarning'
+)
 def test_a_checkpoint_saved_inside_a_failing_step_resumes_that_step(tmp_path: Path) -> None:
     from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
@@ -180,6 +199,7 @@ def test_without_exact_resume_dropout_resumes_otherwise(tmp_path: Path) -> None:
     assert states_equal(whole, resumed) != []
 
 
+@pytest.mark.filterwarnings(NOT_RESUMABLE)  # the plain loader is the control
 def test_a_plain_shuffled_loader_resumes_on_other_batches(tmp_path: Path) -> None:
     """The data control: Lightning restarts a plain DataLoader at its first batch."""
 
@@ -236,6 +256,7 @@ def test_each_rank_takes_its_rows_of_the_global_batch() -> None:
         data.rows_of_step(5, 0, 3)
 
 
+@pytest.mark.filterwarnings(NO_EXACT_RESUME)  # the StepLoader refuses, without ExactResume
 def test_another_order_at_a_resume_is_refused_by_name(tmp_path: Path) -> None:
     train(tmp_path / "a", LoggingRegressor(), loader(), 5, [ExactResume()])
     other = StepLoader(regression_data(), BATCH, seed=8)
@@ -243,6 +264,7 @@ def test_another_order_at_a_resume_is_refused_by_name(tmp_path: Path) -> None:
         train(tmp_path / "b", LoggingRegressor(), other, 10, [], tmp_path / "a" / "step=5.ckpt")
 
 
+@pytest.mark.filterwarnings(NO_EXACT_RESUME)  # the rollback refuses, without ExactResume
 @pytest.mark.parametrize("remedy", ["rollback", "skip"])
 def test_remedies_refuse_a_loader_that_cannot_be_positioned(tmp_path: Path, remedy: str) -> None:
     """A plain DataLoader restarts at its first batch: a rollback or skip on it would train

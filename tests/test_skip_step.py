@@ -144,8 +144,7 @@ def test_a_non_finite_loss_leaves_no_gradient_norm_in_any_window(tmp_path: Path)
         trainer_kwargs={"limit_val_batches": 0},
     )
     module = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, nan_step=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.warns(UserWarning, match="non-finite loss at step 4: its update is skipped"):
         spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
     assert module.nonfinite_steps == [4]
     assert "grad_norm" not in module.history[4]
