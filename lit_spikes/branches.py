@@ -432,7 +432,15 @@ class BranchRunner:
             # The shutdown would wait for every running branch to train to its end: each
             # stops at its next step instead, and queued ones are dropped.
             self._stop.set()
-        self._pool.shutdown(wait=True, cancel_futures=error is not None)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        # A worker cannot exit while its reports fill the queue's pipe (its feeder thread
+        # waits to flush them): read them until the running branches are done.
+        running = [future for future in self._futures if not future.done()]
+        while running:
+            _, left = wait(running, timeout=0.5)
+            self._read_reports()
+            running = list(left)
+        self._pool.shutdown(wait=True)
         self._stack.__exit__(kind, error, trace)
 
     def submit(self, branch: Branch) -> None:

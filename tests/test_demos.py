@@ -486,12 +486,18 @@ def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
         return [replace(b, callbacks=[*b.callbacks, stop]) for b in real(setup, plan)]
 
     monkeypatch.setattr(main_job_module, "demo2_branches", with_signal)
-    handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
-    with pytest.raises(MainJobInterrupted) as stopped:
-        run_main_job(tiny_setup(tmp_path / "runs", workers=1), console=Console(quiet=True))
-    assert stopped.value.signum == signum and marker.exists()
-    assert str(stopped.value) == f"{signum.name} stopped it"
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    # A suite started in the background (SIGINT ignored, as a shell does for `&`) would
+    # leave the job nothing to stop on: Ctrl-C's own handler, as in a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+        with pytest.raises(MainJobInterrupted) as stopped:
+            run_main_job(tiny_setup(tmp_path / "runs", workers=1), console=Console(quiet=True))
+        assert stopped.value.signum == signum and marker.exists()
+        assert str(stopped.value) == f"{signum.name} stopped it"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_without_a_spike_demo_1_is_still_shown_before_demo_2_fails(tmp_path: Path) -> None:
