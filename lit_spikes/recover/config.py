@@ -42,35 +42,41 @@ def default_data() -> dict[str, Any]:
     return _data_dict({"class_path": DEFAULT_DATA})
 
 
-def _model_dict(value: Any) -> dict[str, Any]:
-    """A model as plain data; the built-in one's ``gpt``/``optim``/``model_seed`` filled
-    in and checked, so equal settings compare equal."""
+def _class_dict(value: Any, base: type, what: str) -> tuple[str, dict[str, Any]] | None:
+    """``value``'s class path (checked to be a ``base``: a bad path fails here) and its
+    ``init_args`` with the class's defaults filled in, so equal settings compare equal;
+    None for a factory's record."""
     if isinstance(value, Mapping) and FACTORY in value:
+        return None
+    path = ClassPath.of(value, what)
+    return path.class_path, _with_defaults(path.klass(base, what), path.init_args)
+
+
+def _model_dict(value: Any) -> dict[str, Any]:
+    """A model as plain data; the built-in one's ``gpt``/``optim``/``model_seed`` checked."""
+    found = _class_dict(value, pl.LightningModule, "RecoverConfig.model")
+    if found is None:
         return {FACTORY: str(value[FACTORY])}
-    path = ClassPath.of(value, "RecoverConfig.model")
-    klass = path.klass(pl.LightningModule, "RecoverConfig.model")  # a bad path fails here
-    args = _with_defaults(klass, path.init_args)
-    plain: dict[str, Any] = {"class_path": path.class_path, "init_args": args}
-    if path.class_path == DEFAULT_MODEL:
+    class_path, args = found
+    if class_path == DEFAULT_MODEL:
         args["gpt"] = asdict(_of(GPTConfig, args.get("gpt"), "gpt"))
         args["optim"] = asdict(_of(OptimConfig, args.get("optim"), "optim"))
         args.setdefault("model_seed", DEFAULT_MODEL_SEED)
-    return plain_config(plain)  # type: ignore[no-any-return]
+    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
 
 
 def _data_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping) and FACTORY in value:
+    """The data as plain data; the built-in one's ``config`` checked."""
+    found = _class_dict(value, pl.LightningDataModule, "RecoverConfig.data")
+    if found is None:
         return {FACTORY: str(value[FACTORY])}
-    path = ClassPath.of(value, "RecoverConfig.data")
-    klass = path.klass(pl.LightningDataModule, "RecoverConfig.data")  # a bad path fails here
-    args = _with_defaults(klass, path.init_args)
-    plain: dict[str, Any] = {"class_path": path.class_path, "init_args": args}
-    if path.class_path == DEFAULT_DATA:
+    class_path, args = found
+    if class_path == DEFAULT_DATA:
         config = args.get("config")
         if not isinstance(config, DataConfig):
             config = data_config_from_dict(_mapping(config, "data.init_args.config"))
         args["config"] = asdict(config)
-    return plain_config(plain)  # type: ignore[no-any-return]
+    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
 
 
 def _with_defaults(klass: type, given: Mapping[str, Any]) -> dict[str, Any]:
