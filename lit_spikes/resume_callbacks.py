@@ -195,3 +195,16 @@ def callbacks_to_resume(
     """``entries_to_resume``'s callbacks, built (as ``lit-spikes fit`` resumes)."""
     entries, record = entries_to_resume(ckpt_path, checkpoint)
     return [c for c in map(instantiate, entries) if c is not None], record
+
+
+def with_exact_resume(callbacks: Iterable[Any], exact_resume: bool = True) -> list[Any]:
+    """``callbacks`` with an ``ExactResume()`` added unless one is there or ``exact_resume``
+    is False: what the tools give a user's module without being asked. A module's own one
+    (``configure_callbacks``) still wins: Lightning replaces a Trainer callback of a type the
+    module returns."""
+    from lit_spikes.callbacks import ExactResume
+
+    kept = list(callbacks)
+    if exact_resume and not any(isinstance(c, ExactResume) for c in kept):
+        kept.append(ExactResume())
+    return kept
