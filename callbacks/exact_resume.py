@@ -4,6 +4,7 @@ load as they were saved."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import warnings
@@ -15,10 +16,13 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lit_spikes.loader import StepLoader
+
+inf = float("inf")
 
 STATE_KEY = "ExactResume{}"
 """Where a checkpoint holds ExactResume's state (``checkpoint["callbacks"][STATE_KEY]``)."""
@@ -176,6 +180,90 @@ def train_loaders(trainer: pl.Trainer) -> list[Any]:
     return list(loaders) if isinstance(loaders, Sequence) else [loaders]
 
 
+def plateau_warnings(trainer: pl.Trainer) -> list[str]:
+    """One warning per ReduceLROnPlateau the fit steps: Lightning steps it after the
+    checkpoint of its step is written (its metric may come from that step's validation) and
+    a resume from that file skips the step (``update_plateau_schedulers=not restarting``)."""
+    texts = []
+    for config in trainer.lr_scheduler_configs:
+        if not config.reduce_on_plateau:
+            continue
+        texts.append(
+            f"ExactResume: ReduceLROnPlateau(interval={config.interval!r}, "
+            f"monitor={config.monitor!r}) is not resumed exactly by Lightning: it steps on "
+            f"{config.monitor!r} after the checkpoint of its {config.interval} is written, "
+            "and a resume from that checkpoint skips that step, so the resumed run's "
+            "learning rate is not the uninterrupted run's; fix: a schedule that reads no "
+            "metric (StepLR, CosineAnnealingLR, OneCycleLR, returned from "
+            "configure_optimizers) resumes bit for bit; with ReduceLROnPlateau a resumed run "
+            "is not bit-exact"
+        )
+    return texts
+
+
+def _sampler_of(loader: Any) -> Any:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+
+
+def positionable(loader: Any) -> bool:
+    """Whether a resume can put ``loader`` where the checkpoint's run was: a StepLoader
+    (ExactResume seeks it), or a loader whose position Lightning saves and restores
+    (``state_dict``/``load_state_dict``: torchdata's StatefulDataLoader)."""
+    stateful = callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+    return isinstance(loader, StepLoader) or stateful
+
+
+def position_warnings(trainer: pl.Trainer) -> list[str]:
+    """One warning per train loader a resume at ``trainer.global_step`` cannot position:
+    mid-epoch, a loader that neither ExactResume nor Lightning can seek restarts its epoch;
+    at an epoch's start, a random sampler draws the epoch's order from a generator (its own,
+    or the global RNG when Lightning makes the iterator, before the checkpoint's RNG states
+    are restored) that is not where the uninterrupted run's was."""
+    batches = trainer.num_training_batches
+    per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if batches != inf else 0
+    mid_epoch = per_epoch == 0 or trainer.global_step % per_epoch != 0
+    texts = []
+    for loader in train_loaders(trainer):
+        if positionable(loader):
+            continue
+        sampler = _sampler_of(loader)
+        if not mid_epoch and not _random(sampler):
+            continue
+        where = (
+            f"mid-epoch (step {trainer.global_step} of {per_epoch} an epoch)"
+            if mid_epoch
+            else f"at an epoch's start (step {trainer.global_step}) with a "
+            f"{type(sampler).__name__}, whose order of the epoch is drawn anew"
+        )
+        texts.append(
+            f"ExactResume: the train loader ({type(loader).__name__}) is resumed {where} and "
+            "cannot be positioned: it is no StepLoader and has no state_dict/load_state_dict, "
+            "so the resumed run trains on other batches than the uninterrupted run; fix: "
+            "StepLoader (from lit_spikes import StepLoader) or torchdata's "
+            "StatefulDataLoader, whose position the checkpoint holds"
+        )
+    return texts
+
+
+def _random(sampler: Any) -> bool:
+    return isinstance(sampler, RandomSampler | SubsetRandomSampler | WeightedRandomSampler)
+
+
+def refuse_a_second_fit(trainer: pl.Trainer) -> None:
+    """Raises ``RuntimeError`` for a fit on a Trainer that trained before, without a
+    checkpoint: Lightning would go on from its step with a new optimizer and schedule."""
+    raise RuntimeError(
+        f"this Trainer already trained to step {trainer.global_step}: a second fit on it "
+        "would go on with the data from there but restart the LR schedule and the "
+        "optimizer's state (Lightning builds them anew), which no run does uninterrupted. "
+        "Train on with a new Trainer and fit(..., ckpt_path=<the checkpoint of that step>) "
+        "(or the same Trainer with ckpt_path=...), or start over with a new Trainer"
+    )
+
+
 class ExactResume(Callback):
     """Makes a run resumed from a checkpoint draw what the uninterrupted run drew.
 
@@ -187,8 +275,11 @@ class ExactResume(Callback):
     is drawn between a checkpoint and the next step (a validation with random draws, a
     hook) is not in the training stream: from the next step's start the uninterrupted run
     goes on from the checkpoint's states too, as a resume from it does (Lightning's resume
-    skips that validation). A save inside a step (Lightning's ``on_exception`` checkpoint)
-    holds the states of that step's start. It also:
+    skips that validation). The first ``state_dict()`` between two steps fixes those
+    states; every later call there (a second ModelCheckpoint after the validation, a
+    resume check, a user) returns the same, so every file written at one step resumes
+    alike. A save inside a step (Lightning's ``on_exception`` checkpoint) holds the states
+    of that step's start. It also:
 
     - records a fingerprint (torch and Lightning versions, the CPU's SIMD kernels, CPU
       threads, subnormal flushing, device and GPU, world size, precision, deterministic
@@ -199,7 +290,13 @@ class ExactResume(Callback):
       them before its precision plugin converts the module, which rounded them to float32);
     - seeks every ``StepLoader`` of the fit to ``trainer.global_step`` at its start and at
       each epoch's (a reloaded loader), refuses ``accumulate_grad_batches`` with one, and
-      refuses a step that trains on another step's batch.
+      refuses a step that trains on another step's batch;
+    - warns, before the first step, of what Lightning does not resume exactly: a
+      ``ReduceLROnPlateau`` (it steps after the checkpoint; a resume skips that step), and
+      at a resume a train loader it cannot position (not a ``StepLoader`` and no
+      ``state_dict``, resumed mid-epoch, or shuffling at an epoch's start);
+    - refuses a second fit on a Trainer that trained, without ``ckpt_path`` (Lightning
+      would go on from its step with a new optimizer and LR schedule).
 
     Everything it writes is plain data (``torch.load(weights_only=True)``).
 
@@ -212,7 +309,8 @@ class ExactResume(Callback):
     Raises:
         ValueError: ``deterministic`` not a bool; weights of other shapes at a resume;
             ``accumulate_grad_batches`` with a ``StepLoader``.
-        RuntimeError: a ``StepLoader`` batch of another step than the global step.
+        RuntimeError: a ``StepLoader`` batch of another step than the global step; a
+            second fit on a Trainer that trained, without ``ckpt_path``.
 
     Example:
         >>> trainer = Trainer(max_steps=100, callbacks=[ExactResume()])
@@ -230,6 +328,7 @@ class ExactResume(Callback):
         self._in_step = False
         self._step_start: dict[str, Any] | None = None
         self._restored = False
+        self._loaded = False
         self._hook: RemovableHandle | None = None
 
     @property
@@ -240,6 +339,7 @@ class ExactResume(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer, self._pending, self._restored = trainer, None, False
+        self._loaded = False
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -270,11 +370,18 @@ class ExactResume(Callback):
     def state_dict(self) -> dict[str, Any]:
         # A save inside a step (Lightning's on_exception checkpoint) resumes that step: it
         # must draw again what the step drew, from its start.
-        states = self._step_start if self._in_step else collect_rng_states()
-        # What a resume from this file draws next, the uninterrupted run draws too: from
-        # the next step's start on it goes on from these states, whatever validation or a
-        # hook drew between this save and that step (a resume fast-forwards past them).
-        self._rewind = states
+        if self._in_step and self._step_start is not None:
+            states = self._step_start
+        else:
+            # What a resume from this file draws next, the uninterrupted run draws too: the
+            # first call between two steps fixes the states the next step starts from
+            # (whatever validation or a hook draws before it: a resume fast-forwards past
+            # them), and every later call there (a second checkpoint callback after the
+            # validation, a resume check, a user) returns the same: all files at one step
+            # hold one state. A resume's restored states are the ones fixed at its start.
+            if self._rewind is None:
+                self._rewind = collect_rng_states()
+            states = self._rewind
         trainer = self._trainer
         by_rank: list[Any] = [states]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -283,6 +390,12 @@ class ExactResume(Callback):
             by_rank = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(by_rank, states)
         return {"rng_by_rank": by_rank, "fingerprint": fingerprint(trainer)}
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._loaded = True  # any checkpoint, with ExactResume's state or without
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -312,9 +425,13 @@ class ExactResume(Callback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if trainer.global_step > 0 and not self._loaded:
+            refuse_a_second_fit(trainer)
         check_one_batch_per_step(trainer, pl_module)
         self._seek(trainer)
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
+        for text in plateau_warnings(trainer) + (position_warnings(trainer) if resumed else []):
+            warnings.warn(text, stacklevel=2)
         if resumed and self._pending is None and not self._restored:
             warnings.warn(
                 f"ExactResume: the fit starts at step {trainer.global_step} from a "

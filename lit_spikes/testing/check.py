@@ -180,7 +180,8 @@ def fit_once(
     built: dict[str, list[Any]] | None = None,
 ) -> Record | None:
     """One run of the check, built fresh from the seed and the factories: to ``plan.steps``,
-    or to ``stop_at`` with a ModelCheckpoint file ``root/checkpoints/resume.ckpt``;
+    or to ``stop_at``, with a ModelCheckpoint file ``root/checkpoints/resume.ckpt`` written
+    every ``plan.resume_at`` steps;
     ``built`` gets what each factory returned."""
     pl.seed_everything(plan.seed, verbose=False)
     module = plan.model()
@@ -199,17 +200,18 @@ def fit_once(
     callbacks = list(plan.callbacks()) if plan.callbacks is not None else []
     if built is not None:
         built.update(model=[module], data=[data] if data is not None else [], callbacks=callbacks)
-    own: list[Callback] = []
-    if stop_at is not None:
-        own.append(_StopAt(stop_at))
-        own.append(
-            ModelCheckpoint(
-                dirpath=root / "checkpoints",
-                filename=CHECKPOINT_NAME,
-                every_n_train_steps=stop_at,
-                enable_version_counter=False,
-            )
+    # Every run writes the check's checkpoint at the resume step (the uninterrupted and the
+    # resumed run too): what a save does to the run (ExactResume fixes the RNG states the
+    # next step starts from, whatever validation draws first) then happens in all three.
+    own: list[Callback] = [_StopAt(stop_at)] if stop_at is not None else []
+    own.append(
+        ModelCheckpoint(
+            dirpath=root / "checkpoints",
+            filename=CHECKPOINT_NAME,
+            every_n_train_steps=plan.resume_at,
+            enable_version_counter=False,
         )
+    )
     recorder = Recorder(capture_at, tuple(own), plan.ignore_attributes) if record else None
     everything = [*callbacks, *own, *([recorder] if recorder else [])]
     checkpointing = any(isinstance(c, Checkpoint) for c in everything)
@@ -221,8 +223,10 @@ def fit_once(
             default_root_dir=root,
             enable_checkpointing=checkpointing,
         )
-        # The resumed half has no ModelCheckpoint of the check's: not the user's concern.
+        # A stateful callback of the check's first half missing in the resumed one, and its
+        # ModelCheckpoint's directory moved (each run writes under its own): not the user's.
         warnings.filterwarnings("ignore", message=".*callbacks used to create the checkpoint.*")
+        warnings.filterwarnings("ignore", message="The dirpath has changed from")
         trainer.fit(module, **_fit_arguments(data), ckpt_path=ckpt_path)
     return recorder.record if recorder else None
 

@@ -188,6 +188,10 @@ def _schedulers(trainer: pl.Trainer, module: pl.LightningModule, hints: dict[str
         known.append(config.scheduler)
         owner = f"scheduler {i} ({type(config.scheduler).__name__})"
         owners[owner] = flatten(config.scheduler.state_dict())
+        if config.reduce_on_plateau:
+            # Returned from configure_optimizers as asked, and still not resumed exactly:
+            # Lightning steps it after the checkpoint, a resume skips that step.
+            hints[owner] = hints["learning rate"] = _plateau_fix(config.interval, config.monitor)
     for name, value in vars(module).items():
         held = isinstance(value, LRScheduler | ReduceLROnPlateau)
         if held and not any(value is k for k in known):
@@ -200,6 +204,17 @@ def _schedulers(trainer: pl.Trainer, module: pl.LightningModule, hints: dict[str
                 "schedulers configure_optimizers returns"
             )
     return owners
+
+
+def _plateau_fix(interval: str, monitor: str | None) -> str:
+    return (
+        f"ReduceLROnPlateau(interval={interval!r}, monitor={monitor!r}) is not resumed exactly "
+        f"by Lightning: it steps on {monitor!r} after the checkpoint of its {interval} is "
+        "written, and a resume skips that step; use a schedule that reads no metric "
+        "(StepLR, CosineAnnealingLR, OneCycleLR from configure_optimizers), or resume from "
+        "checkpoints where it does not step (interval='epoch': mid-epoch), or accept a "
+        "resume that is not bit-exact"
+    )
 
 
 _NOT_TRAINING_STATE = (Checkpoint, ProgressBar, Timer)
@@ -297,6 +312,17 @@ class Recorder(Callback):
 
     def _fields(self, step: int) -> dict[str, Any]:
         return self.record.steps.setdefault(step, {})
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Lightning puts the module's configure_callbacks after the Trainer's: the recorder
+        # goes after every callback but the checkpoints (Lightning runs those last), so it
+        # records what a step starts from once ExactResume and the others have set it up,
+        # and reads no callback's state before that callback's own hook ran.
+        callbacks = [c for c in trainer.callbacks if c is not self]  # type: ignore[attr-defined]
+        at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), None)
+        callbacks.insert(len(callbacks) if at is None else at, self)
+        trainer.callbacks = callbacks  # type: ignore[attr-defined]
 
     @override
     def on_train_batch_start(
