@@ -339,7 +339,7 @@ class ExactResume(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer, self._pending, self._restored = trainer, None, False
-        self._loaded = False
+        self._loaded, self._rewind = False, None  # nothing of an earlier fit carries over
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
