@@ -21,8 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lit_spikes.loader import StepLoader
-
-inf = float("inf")
+from lit_spikes.stacklevel import outside_lightning
 
 STATE_KEY = "ExactResume{}"
 """Where a checkpoint holds ExactResume's state (``checkpoint["callbacks"][STATE_KEY]``)."""
@@ -223,7 +222,7 @@ def position_warnings(trainer: pl.Trainer) -> list[str]:
     or the global RNG when Lightning makes the iterator, before the checkpoint's RNG states
     are restored) that is not where the uninterrupted run's was."""
     batches = trainer.num_training_batches
-    per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if batches != inf else 0
+    per_epoch = 0 if math.isinf(batches) else math.ceil(batches / trainer.accumulate_grad_batches)
     mid_epoch = per_epoch == 0 or trainer.global_step % per_epoch != 0
     texts = []
     for loader in train_loaders(trainer):
@@ -232,12 +231,16 @@ def position_warnings(trainer: pl.Trainer) -> list[str]:
         sampler = _sampler_of(loader)
         if not mid_epoch and not _random(sampler):
             continue
-        where = (
-            f"mid-epoch (step {trainer.global_step} of {per_epoch} an epoch)"
-            if mid_epoch
-            else f"at an epoch's start (step {trainer.global_step}) with a "
-            f"{type(sampler).__name__}, whose order of the epoch is drawn anew"
-        )
+        step = trainer.global_step
+        if per_epoch == 0:
+            where = f"at step {step} (without a length: no epoch's start to resume at)"
+        elif mid_epoch:
+            where = f"mid-epoch (step {step}, {per_epoch} steps an epoch)"
+        else:
+            where = (
+                f"at an epoch's start (step {step}) with a {type(sampler).__name__}, whose "
+                "order of the epoch is drawn anew"
+            )
         texts.append(
             f"ExactResume: the train loader ({type(loader).__name__}) is resumed {where} and "
             "cannot be positioned: it is no StepLoader and has no state_dict/load_state_dict, "
@@ -431,7 +434,7 @@ class ExactResume(Callback):
         self._seek(trainer)
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
         for text in plateau_warnings(trainer) + (position_warnings(trainer) if resumed else []):
-            warnings.warn(text, stacklevel=2)
+            warnings.warn(text, stacklevel=outside_lightning())
         if resumed and self._pending is None and not self._restored:
             warnings.warn(
                 f"ExactResume: the fit starts at step {trainer.global_step} from a "
