@@ -164,9 +164,10 @@ class _Step:
     still set to the same memory was not logged in this step."""
     begun: bool = False
     """Whether a batch of this step began (``before`` taken then)."""
-    noted: torch.Tensor | None = None
-    """The last loss noted (the object each callback's ``on_before_backward`` is given):
-    held, so a second watcher's call with it is told from the next backward's loss."""
+    noted: weakref.ref[torch.Tensor] | None = None
+    """The last loss noted (the object each callback's ``on_before_backward`` is given),
+    to tell a second watcher's call with it from the next backward's loss; weakly, not
+    to keep its graph alive."""
 
 
 _STEPS: weakref.WeakKeyDictionary[pl.Trainer, _Step] = weakref.WeakKeyDictionary()
@@ -221,9 +222,9 @@ def note_loss(trainer: pl.Trainer, loss: torch.Tensor) -> None:
     which a GradScaler hands the scaled loss: unscaled here); every watcher calls it, the
     first call per backward counts."""
     record = _record(trainer, trainer.global_step)
-    if record.noted is loss:
+    if record.noted is not None and record.noted() is loss:
         return  # another watcher's call for the same backward
-    record.noted, loss = loss, loss.detach()
+    record.noted, loss = weakref.ref(loss), loss.detach()
     scaler = _scaler(trainer)
     if scaler is not None:
         # The scale as a tensor on the device: get_scale() would read it back to the host.

@@ -39,9 +39,9 @@ class SkipStep(Watcher):
     weight decay, no moment update, no step count. The global step and the LR schedule go
     on, as for any step. A NaN or inf can come at any step, so the snapshot is taken at
     every step: it holds a copy of the parameters and the optimizer state during each
-    step. (An optimizer whose step counts
-    live on the CPU while its parameters are on a GPU, as AdamW's default, copies the
-    decision to the CPU for them: pass AdamW ``capturable=True`` or ``fused=True``.)
+    step. (An optimizer whose step counts live on the CPU while its parameters are on a
+    GPU, as AdamW's default, copies the decision to the CPU for them: pass AdamW
+    ``capturable=True`` or ``fused=True``.)
 
     Under several processes the value judged is the global one, the same on every rank:
     the ranks' values are gathered on the device (one ``all_gather`` a step for every
@@ -60,10 +60,9 @@ class SkipStep(Watcher):
     step created (an optimizer's first step) is removed, as it was (this needs the
     decision on the host: one read, at the step that creates it). Several optimizers
     under manual optimization are refused: the first one's update is made before the
-    others' loss is known. The window and the
-    skipped steps (the last ``max_records``) are the callback's state (``state_dict``),
-    bounded however long the run: a run resumed from a checkpoint decides exactly as the
-    uninterrupted one.
+    others' loss is known. The window and the skipped steps (the last ``max_records``)
+    are the callback's state (``state_dict``), bounded however long the run: a run
+    resumed from a checkpoint decides exactly as the uninterrupted one.
     The decisions come back to the host every 50 steps, at a checkpoint and at the fit's
     end (for the record only: they never wait for the host): then ``skipped_steps`` lists
     them and ``skip_step/skipped`` is logged at each skipped step.
@@ -87,7 +86,7 @@ class SkipStep(Watcher):
 
     Raises:
         ValueError: an argument out of range, or a non-finite initial value.
-        RuntimeError: in ``setup``, several optimizers under manual optimization; with
+        RuntimeError: at the fit's start, several optimizers under manual optimization; with
             ``strict``, a monitored key not logged in a training step, naming it and the
             step.
 
@@ -131,7 +130,7 @@ class SkipStep(Watcher):
         self.skipped_steps: deque[int] = deque(maxlen=self.max_records)
         self._window: torch.Tensor | None = None
         self._seen = len(self.values)
-        """Values judged (initial ones too): a skip is possible from ``warmup`` on."""
+        """Values judged (initial ones too)."""
         self._hooks: list[RemovableHandle] = []
         self._saved: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
         self._fresh: list[torch.Tensor] = []
