@@ -4,9 +4,14 @@ kept on the device: nothing here reads a tensor back to the host.
 A name is ``"loss"`` (what ``training_step`` returns), ``"grad_norm"`` (the total L2 norm
 of the gradients before any clipping, measured here) or a key of
 ``trainer.callback_metrics`` (what the module logs with ``self.log``, as ``EarlyStopping``
-reads it). Under several processes the values of every watched name of every watching
-callback are gathered from all ranks in one ``all_gather`` a step (on the device: no host
-sync either).
+reads it). A step is the optimizer step: its loss is the sum of what its backward passes
+were given (under ``accumulate_grad_batches=k`` Lightning hands each micro-batch's loss
+divided by k: their mean), its gradient norm is measured once before the update, and a
+logged key has a value at a step only if it was logged during that step's batches
+(``trainer.callback_metrics`` keeps the last value of every key: an older one, or one
+logged in validation, is no value of this step). Under several processes the values of
+every watched name of every watching callback are gathered from all ranks in one
+``all_gather`` a step (on the device: no host sync either).
 """
 
 from __future__ import annotations
@@ -67,12 +72,13 @@ class Watcher(Callback):
     ) -> None:
         if trainer.global_step % self.read_every == 0:
             read_back(trainer)
+        begin_batch(trainer)
 
     @override
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
-        note_loss(trainer, loss)  # once a step is enough; each watcher may be the only one
+        note_loss(trainer, loss)  # once per backward is enough; each watcher may be the only one
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -153,6 +159,15 @@ class _Step:
     gathered: Values | None = None
     extra: dict[str, Values] = field(default_factory=dict)
     """Names gathered later in the step (logged after the first gather)."""
+    before: dict[str, Any] | None = None
+    """The watched ``callback_metrics`` entries as the step's first batch began: an entry
+    still set to the same memory was not logged in this step."""
+    begun: bool = False
+    """Whether a batch of this step began (``before`` taken then)."""
+    noted: weakref.ref[torch.Tensor] | None = None
+    """The last loss noted (the object each callback's ``on_before_backward`` is given),
+    to tell a second watcher's call with it from the next backward's loss; weakly, not
+    to keep its graph alive."""
 
 
 _STEPS: weakref.WeakKeyDictionary[pl.Trainer, _Step] = weakref.WeakKeyDictionary()
@@ -161,7 +176,9 @@ _STEPS: weakref.WeakKeyDictionary[pl.Trainer, _Step] = weakref.WeakKeyDictionary
 def _record(trainer: pl.Trainer, step: int) -> _Step:
     record = _STEPS.get(trainer)
     if record is None or record.step != step:
-        record = _STEPS[trainer] = _Step(step)
+        # A step begun within a batch (a second optimizer's) keeps the batch's start.
+        before = record.before if record is not None else None
+        record = _STEPS[trainer] = _Step(step, before=before)
     return record
 
 
@@ -171,15 +188,48 @@ def _scaler(trainer: pl.Trainer) -> Any:
     return scaler if scaler is not None and scaler.is_enabled() else None
 
 
+def _logged_names(trainer: pl.Trainer) -> list[str]:
+    return [n for n in _all_monitors(trainer) if n not in (LOSS, GRAD_NORM)]
+
+
+def begin_batch(trainer: pl.Trainer) -> None:
+    """At a batch's start (``on_train_batch_start``): at the first batch of an optimizer
+    step, note which memory the watched ``callback_metrics`` entries point to, to tell a
+    value logged in this step from an older one (no host read: tensor identity only)."""
+    record = _record(trainer, trainer.global_step)
+    if not record.begun:
+        names = _logged_names(trainer)
+        metrics = trainer.callback_metrics if names else {}
+        record.before, record.begun = {n: metrics.get(n) for n in names}, True
+
+
+def _fresh(record: _Step, name: str, value: Any) -> bool:
+    """Whether ``value`` (of ``callback_metrics``) was logged in the step of ``record``.
+    Lightning stores each ``self.log`` call's value as a new tensor, and hands out views of
+    it: a view of the memory seen at the step's start is the older value."""
+    if value is None:
+        return False
+    old = (record.before or {}).get(name)
+    if old is None:
+        return True
+    if isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor):
+        return not value.is_set_to(old)
+    return value is not old
+
+
 def note_loss(trainer: pl.Trainer, loss: torch.Tensor) -> None:
-    """Keep the loss of the step being trained (``on_before_backward``, which a GradScaler
-    hands the scaled loss: unscaled here)."""
-    loss = loss.detach()
+    """Add the loss of a backward pass to the step being trained (``on_before_backward``,
+    which a GradScaler hands the scaled loss: unscaled here); every watcher calls it, the
+    first call per backward counts."""
+    record = _record(trainer, trainer.global_step)
+    if record.noted is not None and record.noted() is loss:
+        return  # another watcher's call for the same backward
+    record.noted, loss = weakref.ref(loss), loss.detach()
     scaler = _scaler(trainer)
     if scaler is not None:
         # The scale as a tensor on the device: get_scale() would read it back to the host.
         loss = loss / scaler._get_scale_async()
-    _record(trainer, trainer.global_step).loss = loss
+    record.loss = loss if record.loss is None else record.loss + loss
 
 
 def note_grad_norm(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -192,7 +242,8 @@ def note_grad_norm(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             record.grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
-def _local(record: _Step, trainer: pl.Trainer, name: str, outputs: Any) -> Any:
+def _local(record: _Step, metrics: dict[str, Any], name: str, outputs: Any) -> Any:
+    """This rank's value of ``name`` at the step of ``record``, or None."""
     if name == LOSS:
         value = record.loss
         if value is None and isinstance(outputs, dict):
@@ -200,14 +251,21 @@ def _local(record: _Step, trainer: pl.Trainer, name: str, outputs: Any) -> Any:
         return value
     if name == GRAD_NORM:
         return record.grad_norm
-    return trainer.callback_metrics.get(name)
+    value = metrics.get(name)
+    return value if _fresh(record, name, value) else None
+
+
+def _metrics(trainer: pl.Trainer, names: Sequence[str]) -> dict[str, Any]:
+    """``trainer.callback_metrics``, read once (each read rebuilds it), if a name needs it."""
+    return trainer.callback_metrics if any(n not in (LOSS, GRAD_NORM) for n in names) else {}
 
 
 def _gather(trainer: pl.Trainer, record: _Step, names: list[str], outputs: Any) -> Values:
     device = trainer.strategy.root_device
     values, flags, here = [], [], []
+    metrics = _metrics(trainer, names)
     for name in names:
-        value = _local(record, trainer, name, outputs)
+        value = _local(record, metrics, name, outputs)
         usable = isinstance(value, torch.Tensor) and value.numel() == 1
         here.append(usable or isinstance(value, int | float))
         if isinstance(value, torch.Tensor) and usable:
@@ -247,9 +305,9 @@ def step_values(
         record.gathered = _gather(trainer, record, wanted, outputs)
     first = record.gathered
     late = [n for n in names if n not in first.names or not first.here[first.names.index(n)]]
-    late = [
-        n for n in late if n not in record.extra and _local(record, trainer, n, outputs) is not None
-    ]
+    late = [n for n in late if n not in record.extra]
+    metrics = _metrics(trainer, late)
+    late = [n for n in late if _local(record, metrics, n, outputs) is not None]
     if late:
         again = _gather(trainer, record, late, outputs)
         record.extra.update({n: again.select([n]) for n in late})
@@ -259,4 +317,22 @@ def step_values(
         torch.cat([p.per_rank for p in parts], dim=1),
         torch.cat([p.present for p in parts], dim=1),
         [p.here[0] for p in parts],
+    )
+
+
+def not_logged(owner: str, missing: list[str], trainer: pl.Trainer, step: int) -> str:
+    """The error of a ``strict`` watcher whose ``missing`` keys were not logged at ``step``."""
+    there = sorted(trainer.callback_metrics)
+    stale = [n for n in missing if n in there]
+    why = (
+        f" ({stale} hold a value logged outside this step: at an earlier step, or in "
+        "validation; a watcher judges each training step by its own values, EarlyStopping "
+        "judges validation ones)"
+        if stale
+        else ""
+    )
+    return (
+        f"{owner}: monitor {missing} not logged in training step {step}{why}; the module "
+        f"logs {there}. Log it with self.log(..., on_step=True) in training_step at every "
+        "step, or pass strict=False to judge only the steps that log it"
     )

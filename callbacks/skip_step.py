@@ -19,6 +19,7 @@ from lit_spikes.callbacks._watch import (
     LOSS,
     Watcher,
     monitor_names,
+    not_logged,
     note_grad_norm,
     step_values,
 )
@@ -36,11 +37,11 @@ class SkipStep(Watcher):
     tensor (AdamW's moments and step count) as a snapshot held them before it
     (``torch.where`` on the decision): a skipped step leaves them exactly as they were, no
     weight decay, no moment update, no step count. The global step and the LR schedule go
-    on, as for any step. The snapshot is taken only from the step at which a skip is
-    possible (``start_step``, and ``warmup`` values seen): it holds a copy of the
-    parameters and the optimizer state during each step. (An optimizer whose step counts
-    live on the CPU while its parameters are on a GPU, as AdamW's default, copies the
-    decision to the CPU for them: pass AdamW ``capturable=True`` or ``fused=True``.)
+    on, as for any step. A NaN or inf can come at any step, so the snapshot is taken at
+    every step: it holds a copy of the parameters and the optimizer state during each
+    step. (An optimizer whose step counts live on the CPU while its parameters are on a
+    GPU, as AdamW's default, copies the decision to the CPU for them: pass AdamW
+    ``capturable=True`` or ``fused=True``.)
 
     Under several processes the value judged is the global one, the same on every rank:
     the ranks' values are gathered on the device (one ``all_gather`` a step for every
@@ -48,14 +49,20 @@ class SkipStep(Watcher):
     DDP averaged the gradients, so it is identical already. Every rank thus holds the same
     window and skips the same steps.
 
-    A NaN or inf value is always skipped (it never enters the window). Every finite value
-    enters the window, skipped ones too (as in OLMo-core), so a loss that settles on a
-    higher level stops being skipped. Optimizer state that is not a tensor (a Python step
+    A step is an optimizer step: under ``accumulate_grad_batches=k`` its loss is the mean
+    of its micro-batches' losses (what its backward passes were given), judged once before
+    its update; a logged key is judged only at a step that logged it. A NaN or inf value
+    is always skipped, in the warm-up and before ``start_step`` too (it never enters the
+    window). Every finite value enters the window, skipped ones too (as in OLMo-core), so
+    a loss that settles on a higher level stops being skipped; a window of equal values
+    (no spread) skips no finite value. Optimizer state that is not a tensor (a Python step
     count) cannot be put back on the device and moves on a skipped step; state the skipped
-    step created goes back to zeros (where AdamW's and SGD's start). The window and the
-    skipped steps (the last ``max_records``) are the callback's state (``state_dict``),
-    bounded however long the run: a run resumed from a checkpoint decides exactly as the
-    uninterrupted one.
+    step created (an optimizer's first step) is removed, as it was (this needs the
+    decision on the host: one read, at the step that creates it). Several optimizers
+    under manual optimization are refused: the first one's update is made before the
+    others' loss is known. The window and the skipped steps (the last ``max_records``)
+    are the callback's state (``state_dict``), bounded however long the run: a run
+    resumed from a checkpoint decides exactly as the uninterrupted one.
     The decisions come back to the host every 50 steps, at a checkpoint and at the fit's
     end (for the record only: they never wait for the host): then ``skipped_steps`` lists
     them and ``skip_step/skipped`` is logged at each skipped step.
@@ -72,11 +79,16 @@ class SkipStep(Watcher):
         initial: values to start the window with, e.g. the losses of the run this one
             branches from; a checkpoint's state replaces them.
         max_records: skipped steps kept in the state (the latest).
-        strict: a ``callback_metrics`` name the module never logs at a step is an error
-            (as ``SpikeDetector(strict=True)``); False: that step is not judged.
+        strict: a ``callback_metrics`` name the module did not log in a training step is
+            an error (as ``SpikeDetector(strict=True)``); False: that step is not judged.
+            A key logged only in validation is thus refused (or never judged): a skip is
+            decided before each update, from that step's own values.
 
     Raises:
         ValueError: an argument out of range, or a non-finite initial value.
+        RuntimeError: at the fit's start, several optimizers under manual optimization; with
+            ``strict``, a monitored key not logged in a training step, naming it and the
+            step.
 
     Example:
         >>> skip = SkipStep(monitor="loss", window=128, sigma=6.0)
@@ -118,9 +130,11 @@ class SkipStep(Watcher):
         self.skipped_steps: deque[int] = deque(maxlen=self.max_records)
         self._window: torch.Tensor | None = None
         self._seen = len(self.values)
-        """Values judged (initial ones too): a skip is possible from ``warmup`` on."""
+        """Values judged (initial ones too)."""
         self._hooks: list[RemovableHandle] = []
         self._saved: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
+        self._fresh: list[torch.Tensor] = []
+        """Parameters without optimizer state before the step."""
         self._skip: torch.Tensor | None = None
 
     @property
@@ -150,10 +164,12 @@ class SkipStep(Watcher):
         mean = torch.where(filled, window, 0.0).sum() / count
         spread = torch.where(filled, (window - mean) ** 2, 0.0).sum() / (count - 1)
         finite = torch.isfinite(value)
-        over = finite & (count >= self.warmup) & (value > mean + self.sigma * spread.sqrt())
-        skip = ~finite | over  # a NaN or inf never reaches the weights
+        # No spread, no scale to call a value an outlier by (a constant loss).
+        over = finite & (count >= self.warmup) & (spread > 0)
+        over = over & (value > mean + self.sigma * spread.sqrt())
         if step < self.start_step:
-            skip = torch.zeros_like(skip)
+            over = torch.zeros_like(over)
+        skip = ~finite | over  # a NaN or inf never reaches the weights
         self._window = torch.where(finite, torch.cat([window[1:], value[None]]), window)
         self._pending.append((step, torch.stack([value, skip.double()])))
         self._seen += 1
@@ -172,12 +188,14 @@ class SkipStep(Watcher):
                     logger.log_metrics({"skip_step/skipped": 1.0}, step=step)
 
     def threshold(self) -> float | None:
-        """The value above which the next step is skipped (None: too few values), from
+        """The value above which the next step is skipped (None: too few values; inf: a
+        window without spread, where only a NaN or inf is skipped), from
         the decisions read back (for inspection: training decides on the device)."""
         self._read_own()
         if len(self.values) < self.warmup:
             return None
-        return statistics.fmean(self.values) + self.sigma * statistics.stdev(self.values)
+        spread = statistics.stdev(self.values)
+        return statistics.fmean(self.values) + self.sigma * spread if spread > 0 else math.inf
 
     def decide(self, step: int, value: float) -> bool:
         """Judge one step's (global) value, then add it to the window; True: skip it (a
@@ -188,6 +206,15 @@ class SkipStep(Watcher):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Here, not in setup: the optimizers are configured after the callbacks' setup.
+        if not pl_module.automatic_optimization and len(trainer.optimizers) > 1:
+            raise RuntimeError(
+                f"SkipStep: the module uses manual optimization with {len(trainer.optimizers)}"
+                " optimizers. SkipStep judges each update before it is made, and the first "
+                "optimizer steps before the others' loss is known, so it cannot drop every "
+                "update of an outlier batch. Use one optimizer, or SpikeDetector to record "
+                "spikes without SkipStep"
+            )
         self._remove_hooks()
         for optimizer in trainer.optimizers:
             self._hooks.append(optimizer.register_step_pre_hook(self._snapshot))
@@ -202,12 +229,7 @@ class SkipStep(Watcher):
         values = step_values(trainer, step, self.monitors)
         if not values.here[0]:
             if self.strict and self.monitor not in (LOSS, GRAD_NORM):
-                raise RuntimeError(
-                    f"SkipStep(monitor={self.monitor!r}): not in trainer.callback_metrics at "
-                    f"step {step} (the module logs {sorted(trainer.callback_metrics)}). Log it "
-                    "with self.log(..., on_step=True) in training_step (a value logged "
-                    "on_epoch only is there at the epoch's end), or pass strict=False"
-                )
+                raise RuntimeError(not_logged("SkipStep", [self.monitor], trainer, step))
             return  # nothing to judge by (no loss: the module skipped the batch)
         self._skip = self._judge(step, values.reduced("mean")[0])
 
@@ -215,28 +237,26 @@ class SkipStep(Watcher):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._skip, self._saved = None, []  # a step the scaler skipped ran no hook
+        self._skip, self._saved, self._fresh = None, [], []  # a step the scaler skipped ran no hook
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-
-    def _may_skip(self, step: int) -> bool:
-        return step >= self.start_step and self._seen >= self.warmup
 
     def _snapshot(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         # Before the step (and before the closure computes this step's gradients).
         # Under a GradScaler the closure (and so the decision) ran before this hook.
-        trainer = self._trainer
-        self._saved = []
-        if trainer is None or not self._may_skip(trainer.global_step):
+        self._saved, self._fresh = [], []
+        if self._trainer is None:
             return
         for group in optimizer.param_groups:
             for param in group["params"]:
                 state = optimizer.state.get(param, {})
                 kept = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
                 self._saved.append((param, param.detach().clone(), kept))
+                if not state:
+                    self._fresh.append(param)
 
     def _restore(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
-        skip, saved = self._skip, self._saved
-        self._saved, self._skip = [], None
+        skip, saved, fresh = self._skip, self._saved, self._fresh
+        self._saved, self._skip, self._fresh = [], None, []
         if skip is None or not saved:
             return
         with torch.no_grad():
@@ -245,14 +265,17 @@ class SkipStep(Watcher):
                 for key, now in optimizer.state.get(param, {}).items():
                     if not isinstance(now, torch.Tensor):
                         continue  # not restorable on the device (see the docstring)
-                    # State the skipped step created: back to zeros, AdamW's and SGD's start.
                     old = state[key] if key in state else torch.zeros_like(now)
                     now.copy_(torch.where(skip.to(now.device), old, now))
+        created = [p for p in fresh if optimizer.state.get(p)]
+        if created and bool(skip):  # the one host read: only at a step that created state
+            for param in created:
+                del optimizer.state[param]  # as before the step: no state at all
 
     def _remove_hooks(self) -> None:
         for hook in self._hooks:
             hook.remove()
-        self._hooks, self._saved, self._skip = [], [], None
+        self._hooks, self._saved, self._skip, self._fresh = [], [], None, []
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

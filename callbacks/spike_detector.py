@@ -19,6 +19,7 @@ from lit_spikes.callbacks._watch import (
     LOSS,
     Watcher,
     monitor_names,
+    not_logged,
     note_grad_norm,
     read_back,
     step_values,
@@ -63,6 +64,11 @@ class SpikeDetector(Watcher):
     ``action="stop"``, a stop at the spike's own step and one read a step, and to 50 for
     ``action="log"``).
 
+    A step is an optimizer step, judged once at the batch that ends it: under
+    ``accumulate_grad_batches=k`` its loss is the mean of its micro-batches' losses (what
+    its backward passes were given). A logged key is judged only at the steps that logged
+    it (``trainer.callback_metrics`` keeps older values, and validation's, between them).
+
     Under several processes (DDP) the value judged is the global one: every watched value
     of every lit-spikes callback is gathered from all ranks in one ``all_gather`` a step
     (on the device), and reduced in rank order (``reduce``: the mean of the ranks'
@@ -86,8 +92,10 @@ class SpikeDetector(Watcher):
         min_step: no flag before this global step (the demos look after warm-up).
         verbose: also say each spike on the console (Lightning's info log, rank 0), as
             ``EarlyStopping(verbose=True)`` says why it stops.
-        strict: a ``callback_metrics`` name the module never logs at a step is an error
-            (as ``EarlyStopping(strict=True)``); False: that step is not judged.
+        strict: a ``callback_metrics`` name the module did not log in a training step is
+            an error naming it and the step (as ``EarlyStopping(strict=True)``); False:
+            that step is not judged. A key logged only in validation is thus refused (or
+            never judged): each training step is judged by its own values.
         reduce: ``"mean"`` or ``"max"`` of the ranks' values under several processes.
         max_records: spikes kept in the state (the latest).
         read_every: steps between the reads that bring the values back to judge them
@@ -95,8 +103,8 @@ class SpikeDetector(Watcher):
 
     Raises:
         ValueError: an argument out of range, or neither threshold given.
-        RuntimeError: with ``strict``, a monitored name missing from
-            ``trainer.callback_metrics`` at a step, naming the ones there are.
+        RuntimeError: with ``strict``, a monitored name not logged in a training step,
+            naming it, the step and the keys logged.
 
     Example:
         >>> detector = SpikeDetector(monitor="loss", ratio=1.4, window=20, action="stop")
@@ -151,6 +159,8 @@ class SpikeDetector(Watcher):
         self.num_spikes = 0
         self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in self.monitors}
         self._seen = 0
+        self._began_at = -1
+        """The global step as the current batch began."""
 
     @property
     @override
@@ -223,9 +233,18 @@ class SpikeDetector(Watcher):
             note_grad_norm(trainer, pl_module)  # before clipping, or a skip dropping it
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._began_at = trainer.global_step
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
+        if trainer.global_step == self._began_at:
+            return  # no optimizer step ended here (a micro-batch of an accumulation)
         step = trainer.global_step - 1  # the step just trained: the optimizer counted it
         values = step_values(trainer, step, self.monitors, outputs)
         self._check_present(trainer, values.here)
@@ -270,13 +289,8 @@ class SpikeDetector(Watcher):
             if not present and m not in (LOSS, GRAD_NORM)
         ]
         if missing and self.strict:
-            there = sorted(trainer.callback_metrics)
-            raise RuntimeError(
-                f"SpikeDetector(monitor={list(self.monitors)!r}): {missing} not in "
-                f"trainer.callback_metrics at step {trainer.global_step - 1} (the module logs "
-                f"{there}). Log it with self.log(..., on_step=True) in training_step (a value "
-                "logged on_epoch only is there at the epoch's end), or pass strict=False"
-            )
+            owner = f"SpikeDetector(monitor={list(self.monitors)!r})"
+            raise RuntimeError(not_logged(owner, missing, trainer, trainer.global_step - 1))
 
     @property
     def onsets(self) -> list[int]:
