@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test lint bench gpu-check tensorboard clean
+.PHONY: install demo figures test lint bench gpu-check mutations tensorboard clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ bench: $(STAMP)
 # host syncs per step; without CUDA it checks the resume on the CPU and says what it skips.
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py
+
+# Breaks each guarantee in a copy of the code (scripts/mutations.py's table) and checks
+# that the tests guarding it fail; not part of `make test` (a few minutes).
+mutations: $(STAMP)
+	$(BIN)/python scripts/mutations.py
 
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir runs

@@ -1,7 +1,8 @@
 """`make gpu-check`: lit-spikes on a GPU, in one short run (at most about 5 minutes).
 
 1. Exact resume on CUDA: the default model (the demos' tiny GPT) and a module written as
-   users write them (dropout, AdamW, a schedule), each in ``32-true`` and ``bf16-mixed``:
+   users write them (dropout, AdamW, a schedule), each in ``32-true``, ``bf16-mixed`` and
+   ``16-mixed`` (a GradScaler; not on the CPU):
    trained to step N, and trained to step K, written as a real ``.ckpt`` by
    ``ModelCheckpoint``, then resumed from it in a new process to step N: every parameter
    must be bit-equal (``torch.equal``) to the uninterrupted run's.
@@ -193,7 +194,8 @@ def main() -> None:
     )
     print(f"device: {device}; torch {torch.__version__}, lightning {pl.__version__}")
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    precisions = ["32-true", "bf16-mixed"]
+    # 16-mixed (a GradScaler, whose state Lightning checkpoints) only on CUDA: not a CPU mode.
+    precisions = ["32-true", "bf16-mixed", *(["16-mixed"] if cuda else [])]
     ok = True
     for kind in ("default", "user"):
         for precision in precisions:

@@ -1032,13 +1032,33 @@ def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
     from tests.test_callbacks import _NaNAtStep  # finite forward, NaN backward at step 12
 
     module = _NaNAtStep(gpt=TINY_GPT, optim=TINY_OPTIM)
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Snap(Callback):  # the weights and all of AdamW's state at a step's start
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            if trainer.global_step in (11, 12, 13):
+                state = {k: v.clone() for k, v in pl_module.state_dict().items()}
+                for i, s in trainer.optimizers[0].state_dict()["state"].items():
+                    state.update({f"{name}.{i}": v.clone() for name, v in s.items()})
+                seen[trainer.global_step] = state
+
     spec = RunSpec(
-        tmp_path, "nan_grad", 14, progress_bar=False, trainer_kwargs={"limit_val_batches": 0}
+        tmp_path,
+        "nan_grad",
+        14,
+        callbacks=[Snap()],
+        progress_bar=False,
+        trainer_kwargs={"limit_val_batches": 0},
     )
     with pytest.warns(UserWarning, match="non-finite gradient norm at step 12"):
         spec.trainer().fit(module, datamodule=StepDataModule(TINY_DATA))
     assert module.nonfinite_steps == [12]
-    assert all(torch.isfinite(v).all() for v in module.state_dict().values())
+    # Zeroed gradients would pass a finiteness check: AdamW's weight decay and moment decay
+    # would still move them. The step must leave every tensor as it was.
+    assert any(k.startswith("exp_avg_sq.") for k in seen[12])
+    for key, value in seen[12].items():
+        assert torch.equal(value, seen[13][key]), key
+    assert any(not torch.equal(v, seen[12][k]) for k, v in seen[11].items())  # step 11 moved
 
 
 # ------------------------------------------------------------------ 9. bad input

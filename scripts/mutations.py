@@ -1,0 +1,227 @@
+"""Mutation check: break each guarantee in a copy of the code and run the tests that
+guard it; each must fail (caught). Not part of `make test` (`make mutations`).
+
+Each mutation is one anchored text replacement in one file. The script copies the
+tracked files to a temporary folder, applies one mutation at a time there, runs its
+guarding tests with PYTHONPATH at the copy, and prints a caught/missed table. It exits 1
+if a mutation is missed, 2 if an anchor is not found exactly once (re-anchor it).
+
+    python scripts/mutations.py [--only NAME ...] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+G = "tests/test_guarantees.py::"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    Mutation(
+        "rng_torch_only",  # ExactResume restores torch's RNG, not Python's or NumPy's
+        "callbacks/exact_resume.py",
+        "    random.setstate((version, tuple(internal), gauss))\n"
+        '    kind, keys, pos, has_gauss, cached = states["numpy"]\n'
+        "    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))\n",
+        "",
+        (
+            G + "test_a_resume_draws_from_random_numpy_and_torch_as_the_uninterrupted_run",
+            G + "test_a_resume_in_a_new_process_draws_as_the_uninterrupted_run",
+            G + "test_an_lr_scaler_resume_equals_the_uninterrupted_run",
+        ),
+    ),
+    Mutation(
+        "steploader_ignores_saved_step",
+        "lit_spikes/loader.py",
+        "        self.skip = normalize_skip((*saved, *self.skip))\n        self.next_step = step\n",
+        "        self.skip = normalize_skip((*saved, *self.skip))\n",
+        (
+            G + "test_a_step_loader_resumes_at_the_saved_step_without_exact_resume",
+            G + "test_a_batch_skipper_resume_equals_the_uninterrupted_run",
+        ),
+    ),
+    Mutation(
+        "exact_resume_seek_does_nothing",
+        "callbacks/exact_resume.py",
+        "                loader.seek(trainer.global_step)\n",
+        "                pass\n",
+        (
+            G + "test_a_loader_built_anew_each_epoch_goes_on_at_the_global_step",
+            G + "test_a_crash_checkpoint_resumes_the_step_that_failed",
+        ),
+    ),
+    Mutation(
+        "skipstep_params_not_restored",
+        "callbacks/skip_step.py",
+        "                param.copy_(torch.where(skip.to(param.device), before, param))\n",
+        "                pass\n",
+        (
+            G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
+            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
+            G + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
+        ),
+    ),
+    Mutation(
+        "skipstep_optimizer_state_not_restored",
+        "callbacks/skip_step.py",
+        "                    now.copy_(torch.where(skip.to(now.device), old, now))\n",
+        "                    pass\n",
+        (
+            G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
+            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
+        ),
+    ),
+    Mutation(
+        "skipstep_created_state_kept",  # instead of zeroed (the docstring's claim)
+        "callbacks/skip_step.py",
+        "else torch.zeros_like(now)",
+        "else now.clone()",
+        (
+            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
+            G + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
+        ),
+    ),
+    Mutation(
+        "detector_mode_all_as_any",
+        "callbacks/spike_detector.py",
+        'return min(limits) if self.mode == "any" else max(limits)',
+        "return min(limits)",
+        (
+            G + "test_the_rules_on_a_negative_metric_a_module_logs",
+            G + "test_the_rules_on_negative_values_judged_one_by_one",
+        ),
+    ),
+    Mutation(
+        "detector_ratio_negative_mean_plain",  # ratio x mean, below a negative mean
+        "callbacks/spike_detector.py",
+        "limits.append(self.ratio * mean if mean > 0 else mean + (self.ratio - 1) * -mean)",
+        "limits.append(self.ratio * mean)",
+        (
+            G + "test_the_rules_on_a_negative_metric_a_module_logs",
+            G + "test_the_rules_on_negative_values_judged_one_by_one",
+        ),
+    ),
+    Mutation(
+        "detector_ratio_negative_mean_dropped",  # no ratio rule below a zero mean
+        "callbacks/spike_detector.py",
+        "limits.append(self.ratio * mean if mean > 0 else mean + (self.ratio - 1) * -mean)",
+        "limits.extend([self.ratio * mean] if mean > 0 else [])",
+        (
+            G + "test_the_rules_on_a_negative_metric_a_module_logs",
+            G + "test_the_rules_on_negative_values_judged_one_by_one",
+        ),
+    ),
+    Mutation(
+        "nan_guard_zeroes_gradients",  # TinyGPTModule's host guard: weight decay still moves
+        "lit_spikes/module.py",
+        "                        parameter.grad = None  # AdamW then changes nothing\n",
+        "                        parameter.grad.zero_()  # type: ignore[union-attr]\n",
+        (
+            "tests/test_reliability.py::test_nan_gradient_with_finite_loss_skips_the_update",
+            "tests/test_reliability.py::"
+            "test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target",
+        ),
+    ),
+]
+
+
+def tracked_copy(into: Path) -> Path:
+    """The tracked files of the checkout (as they are in the work tree) under ``into``."""
+    names = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.split("\0")
+    root = into / "repo"
+    for name in filter(None, names):
+        source, target = REPO / name, root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, target)
+    for name in ("tests/test_guarantees.py", "tests/guarantee_modules.py"):  # if untracked
+        if (REPO / name).is_file() and not (root / name).exists():
+            shutil.copy2(REPO / name, root / name)
+    return root
+
+
+def anchored(root: Path, mutation: Mutation) -> str:
+    text = (root / mutation.file).read_text()
+    count = text.count(mutation.old)
+    if count != 1:
+        raise LookupError(f"{mutation.name}: its anchor occurs {count} times in {mutation.file}")
+    return text
+
+
+def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, float]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    return done.returncode, time.perf_counter() - start
+
+
+def tests_failing(root: Path, tests: tuple[str, ...]) -> list[str]:
+    """Which of ``tests`` fail (each run on its own)."""
+    return [t for t in tests if run_tests(root, (t,))[0] != 0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="mutation names (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.file} ({len(m.tests)} tests)")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="mutations-") as tmp:
+        root = tracked_copy(Path(tmp))
+        texts = {}
+        try:
+            texts = {m.name: anchored(root, m) for m in chosen}
+        except LookupError as error:
+            print(f"anchor not found: {error}", file=sys.stderr)
+            return 2
+        every = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        if run_tests(root, every)[0] != 0:
+            print(f"the guarding tests fail on the unmutated code: {every}", file=sys.stderr)
+            return 1
+        rows, missed = [], 0
+        for m in chosen:
+            path = root / m.file
+            path.write_text(texts[m.name].replace(m.old, m.new))
+            try:
+                failing = tests_failing(root, m.tests)
+            finally:
+                path.write_text(texts[m.name])
+            caught = len(failing) >= min(2, len(m.tests))
+            missed += not caught
+            rows.append((m.name, m.file, f"{len(failing)}/{len(m.tests)}", caught))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'mutation':<{width}}  {'file':<28} failing  verdict")
+    for name, file, failing, caught in rows:
+        print(f"{name:<{width}}  {file:<28} {failing:<8} {'caught' if caught else 'MISSED'}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
