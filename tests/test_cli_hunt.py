@@ -225,8 +225,11 @@ def test_check_resume_is_dispatched_with_its_exit_status(
 
 
 def test_fit_help_puts_the_projects_options_first_and_says_what_they_mean_here(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # argparse wraps at the terminal's width (COLUMNS): count lines at a fixed one, as CI's
+    # narrower terminal gave 454 lines where an 80-column one gives under 400.
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out
