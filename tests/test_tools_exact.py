@@ -11,7 +11,7 @@ import logging
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +157,18 @@ def test_diagnose_replays_a_recover_branch_exactly_within_its_ledgers_steps(
     data = {"class_path": DATA, "init_args": {"rows": 4096}}
     verdict = diagnose(ckpt, spike, config, model=model, data=data)
     assert verdict.same_data.bit_equal is True, verdict.evidence
-    assert verdict.same_data.detector_from_checkpoint and "ratio=4.0" in verdict.evidence[0]
+    assert verdict.same_data.detector_from_checkpoint and "ratio=4.0" in verdict.evidence[1]
     assert verdict.same_data.last_step == 49 and verdict.cause == "state-caused"
+
+
+def test_exact_resume_is_added_unless_opted_out(tmp_path: Path) -> None:
+    from lit_spikes.recover.branch import Builders, branch_run
+
+    record = BranchRecord(name="base", kind="base", start_step=0, ckpt_path=None, parent=None)
+    for exact, added in ((True, 1), (False, 0)):
+        chosen = replace(config(tmp_path), exact_resume=exact)
+        _, _, spec = branch_run(Builders.of(chosen), record, [SpikeDetector()], None, False)
+        assert sum(isinstance(c, ExactResume) for c in spec.callbacks) == added
 
 
 # ------------------------------------------------------------------ diagnose (item 7)
@@ -233,7 +243,7 @@ def test_replays_are_judged_by_the_runs_detector(cycle_run: Path) -> None:
     assert same.detector_from_checkpoint, verdict.evidence
     run_flags = [int(s["step"]) for s in torch.load(cycle_run / "spikes.pt") if s["step"] >= 30]
     assert same.flagged == run_flags and verdict.cause == "data-caused", verdict.evidence
-    assert "the run's SpikeDetector(monitor=['train_loss']" in verdict.evidence[0]
+    assert "the run's SpikeDetector(monitor=['train_loss']" in verdict.evidence[1]
 
 
 def test_a_spike_step_past_the_runs_end_is_a_usage_error(

@@ -104,12 +104,12 @@ def diagnose(
         replayer.incomparable = _incomparable(checkpoint)
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
         verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
+    # After replay (a)'s line, which stays the first
+    notes = [f"Judged by {judge.source}."]
     replayed_to = spike_step + config.horizon + 1
     if end is not None and end[0] < replayed_to:
-        verdict.evidence.insert(
-            0, f"Replays end at step {end[0]}, the run's end ({end[1]}), not at {replayed_to}."
-        )
-    verdict.evidence.insert(0, f"Judged by {judge.source}.")
+        notes.append(f"Replays end at step {end[0]}, the run's end ({end[1]}), not {replayed_to}.")
+    verdict.evidence[1:1] = notes
     return verdict
 
 
