@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lit_spikes.detector_config import DetectorConfig
+from lit_spikes.diagnose.verdict import RECURRENCE
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class DiagnoseConfig:
     """The TensorBoard tag of the loss the run logged, read for the original loss at the
     spike (None: the first the run's events hold of ``train/loss``, the judging
     detector's monitored names and ``loss``)."""
-    recurrence: float = 0.5
+    recurrence: float = RECURRENCE
     """A step the other-data replay flags is the spike recurring only where its rise over
     the detector's mean is at least this fraction of the spike's own rise (same data);
     a smaller bump is not."""

@@ -85,7 +85,7 @@ def other_data_line(
         bump = max(other.excess.values())
         spike = max(same.spike_excess.values())
         line += (
-            f" The largest rises {bump:.4g} above the detector's mean, less than "
+            f" Its largest flag rises {bump:.4g} above the detector's mean, less than "
             f"{config.recurrence:g} of the spike's {spike:.4g}: a bump, not the spike again."
         )
     return line

@@ -148,8 +148,6 @@ class Judge:
     """``SpikeDetector``'s arguments (``min_step`` aside: the window decides)."""
     source: str
     """Whose settings these are, for the evidence."""
-    from_run: bool = False
-    """The run's own detector, rebuilt from its record in the checkpoint."""
 
     @property
     def monitors(self) -> tuple[str, ...]:
@@ -176,7 +174,7 @@ def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge
         if built is not None:
             _, init_args, _ = built
             call = ", ".join(f"{k}={v!r}" for k, v in init_args.items() if k != "action")
-            return Judge(init_args, f"the run's SpikeDetector({call})", from_run=True)
+            return Judge(init_args, f"the run's SpikeDetector({call})")
     return judge_of(DetectorConfig(), checkpoint)
 
 
