@@ -204,10 +204,15 @@ def test_help_lists_every_option_with_its_docstring(capsys: pytest.CaptureFixtur
         cli_main(["diagnose", "--help"])
     assert exit_info.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # the help's line breaks as spaces
-    names = [f.name for f in fields(DiagnoseConfig) if f.name != "detector"]
-    names += [f"detector.{f.name}" for f in fields(DetectorConfig)]
+    names = [f.name for f in fields(DiagnoseConfig)] + ["detector.help"]
     names += [f.name for f in fields(DiagnoseCommand)] + ["model", "data", "config"]
     assert [name for name in names if f"--{name} " not in out] == []
+    # The detector's fields (None by default: the run's own detector) under --detector.help
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["diagnose", "--detector.help"])
+    assert exit_info.value.code == 0
+    nested = " ".join(capsys.readouterr().out.split())
+    assert [f.name for f in fields(DetectorConfig) if f"--detector.{f.name} " not in nested] == []
     for docstring in (
         "Replays train this many steps past the spike",  # DiagnoseConfig.horizon
         "The TensorBoard tag of the loss the run logged",  # DiagnoseConfig.loss_tag

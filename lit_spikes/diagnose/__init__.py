@@ -17,9 +17,12 @@ checkpoint):
     there too, to the same bits. If it does not, the later checkpoint's state is not the
     product of the run's own history: the spike is **not reproducible** from clean state.
 
-A spike is judged by a ``SpikeDetector`` run over each replay's losses (its reference
-seeded from the detector state in the checkpoint when there is one), counting flags
-from ``window_before`` steps before the spike to the end of the replay.
+A spike is judged by a ``SpikeDetector`` run over each replay's losses: the run's own,
+rebuilt from the checkpoint's record of it (settings and state; ``DiagnoseConfig.detector``
+sets another), counting flags from ``window_before`` steps before the spike to the end of
+the replay; in (b), only a flag that rises at least ``recurrence`` of the spike's own
+rise is the spike recurring. Replays end at the run's end at the latest, train with
+``ExactResume`` and are seeded, so that each is the same every time.
 
 Any LightningModule and data can be diagnosed (``model=``, ``data=``: factories or class
 paths, as ``lit-spikes fit`` takes them); by default the run's own record says what it

@@ -4,7 +4,13 @@ written from the same numbers ``verdict_cause`` decides on."""
 from __future__ import annotations
 
 from lit_spikes.diagnose.config import DiagnoseConfig
-from lit_spikes.diagnose.verdict import Cause, Replay
+from lit_spikes.diagnose.verdict import Cause, Replay, recurred
+
+NO_RNG = (
+    "the checkpoint holds no RNG states (the run trained without ExactResume) and the "
+    "module draws random numbers in its steps (dropout): a replay draws others"
+)
+"""Why a replay of a random module cannot match a run that saved no RNG states."""
 
 
 def _compared(same: Replay, original: float | None, incomparable: str | None) -> str:
@@ -41,7 +47,7 @@ def no_spike_line(spike_step: int, same: Replay, original: float | None) -> str:
         "the run's own detector, continued from the checkpoint,"
         if same.detector_from_checkpoint
         else "a fresh detector (the checkpoint holds none of these settings: "
-        "--window-before or a detector like the run's may judge otherwise)"
+        "--window_before or a detector like the run's may judge otherwise)"
     )
     replayed = (
         "replays bit-identically"
@@ -69,19 +75,33 @@ def other_data_line(
 ) -> str:
     assert other.skipped is not None
     first, end = other.skipped
-    return (
+    line = (
         f"(b) same state, data positions {first}-{end - 1} skipped (the spike's "
         f"position is {position}): max loss {other.max_loss:.4f} from step "
         f"{spike_step - config.window_before} on (same data: {same.max_loss:.4f}); "
         f"flagged steps {other.flagged or 'none'}."
     )
+    if other.spiked and not recurred(same, other, config.recurrence):
+        bump = max(other.excess.values())
+        spike = max(same.spike_excess.values())
+        line += (
+            f" Its largest flag rises {bump:.4g} above the detector's mean, less than "
+            f"{config.recurrence:g} of the spike's {spike:.4g}: a bump, not the spike again."
+        )
+    return line
 
 
 def earlier_lines(spike_step: int, same: Replay, earlier: Replay) -> list[str]:
     lines = [
         f"(c) from the earlier step-{earlier.ckpt_step} checkpoint, same data: loss at step "
         f"{spike_step} {earlier.loss_at_spike:.4f}, "
-        + ("bit-identical" if earlier.bit_equal else "not bit-identical")
+        + (
+            "bit-identical"
+            if earlier.bit_equal
+            else "not bit-identical"
+            if earlier.bit_equal is False
+            else "bit-equality cannot be told"
+        )
         + (" to the same-data replay" if not same.bit_equal else "")
         + f"; flagged steps {earlier.flagged or 'none'}."
     ]

@@ -9,22 +9,25 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lit_spikes.callbacks import BatchSkipper, SpikeDetector
+from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.detector_config import DetectorConfig
 from lit_spikes.diagnose.config import DiagnoseConfig
 from lit_spikes.diagnose.subject import Subject
-from lit_spikes.diagnose.verdict import Replay, bit_equal
+from lit_spikes.diagnose.verdict import Replay, bit_equal, rise
 from lit_spikes.loader import positioned
+from lit_spikes.resume_callbacks import parse_state_key, rebuild, with_exact_resume
 from lit_spikes.training import RunSpec, quiet_branches
 
 LOSS_TAGS = ("train/loss", "loss")
@@ -86,14 +89,20 @@ class StepRecorder(Callback):
     def __init__(self, names: Sequence[str] = ()) -> None:
         self.names = tuple(names)
         self.records: dict[int, dict[str, float]] = {}
+        self.drew = False
+        """A step after the first drew from torch's RNG (dropout): where the checkpoint
+        holds no RNG states, a replay's draws are not the run's."""
         self._step = 0
         self._grad_norm = math.nan
+        self._rng: torch.Tensor | None = None
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step, self._grad_norm = trainer.global_step, math.nan
+        # Not in the first step: ExactResume sets the RNG states after this hook there.
+        self._rng = torch.random.get_rng_state() if self.records else None
 
     @override
     def on_before_optimizer_step(
@@ -127,22 +136,60 @@ class StepRecorder(Callback):
         if isinstance(own, dict) and own.get("step") == step:  # the module's record of it
             row |= own
         self.records[step] = row
+        if self._rng is not None and not torch.equal(self._rng, torch.random.get_rng_state()):
+            self.drew = True
 
 
-def judging_detector(
-    config: DetectorConfig, checkpoint: dict[str, Any], steps: int
-) -> SpikeDetector:
+@dataclass(frozen=True)
+class Judge:
+    """The settings of the detector that judges every replay, and whose they are."""
+
+    settings: dict[str, Any]
+    """``SpikeDetector``'s arguments (``min_step`` aside: the window decides)."""
+    source: str
+    """Whose settings these are, for the evidence."""
+
+    @property
+    def monitors(self) -> tuple[str, ...]:
+        return self.detector().monitors
+
+    def detector(self, warmup: int | None = None) -> SpikeDetector:
+        changes = {} if warmup is None else {"warmup": warmup}
+        return SpikeDetector(**{**self.settings, **changes, "min_step": 0})
+
+
+def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge:
+    """``config``'s detector; None: the run's own, the first ``SpikeDetector`` whose state
+    the checkpoint holds, rebuilt from its state key (which names its settings), else the
+    default settings."""
+    if config is not None:
+        detector = config.build(0)
+        settings = {"monitor": list(detector.monitors), "window": detector.window}
+        settings |= {"warmup": detector.warmup, "ratio": detector.ratio}
+        settings |= {"z_score": detector.z_score, "action": "log"}
+        return Judge(settings, "DiagnoseConfig.detector (--detector.*)")
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        parsed = parse_state_key(str(key))
+        built = rebuild(str(key), state) if parsed and parsed[0] == "SpikeDetector" else None
+        if built is not None:
+            _, init_args, _ = built
+            call = ", ".join(f"{k}={v!r}" for k, v in init_args.items() if k != "action")
+            return Judge(init_args, f"the run's SpikeDetector({call})")
+    return judge_of(DetectorConfig(), checkpoint)
+
+
+def judging_detector(judge: Judge, checkpoint: dict[str, Any], steps: int) -> SpikeDetector:
     """An offline detector whose reference continues the original run's when the
     checkpoint holds a detector of the same settings; otherwise one whose warm-up fits
     in the ``steps`` replayed before the judged range."""
-    detector = replace(config, min_step=0).build(0)
+    detector = judge.detector()
     state = detector.state_in(checkpoint)
     if state is not None:
         detector.load_state_dict(copy.deepcopy(state))  # the checkpoint is shared
         detector.spikes.clear()
         detector.num_spikes = 0
         return detector
-    return replace(config, min_step=0, warmup=min(config.warmup, max(2, steps))).build(0)
+    return judge.detector(warmup=min(detector.warmup, max(2, steps)))
 
 
 @dataclass
@@ -157,9 +204,14 @@ class Replayer:
     config: DiagnoseConfig
     log_root: Path
     reads: CheckpointReads
+    judge: Judge = field(default_factory=lambda: judge_of(DetectorConfig(), {}))
+    end_step: int | None = None
+    """The run's end (its ``max_steps``): no replay trains past it (None: not known)."""
     incomparable: str | None = None
     """Why a replay here cannot match the original to the bit (another CPU's kernels,
     other versions, a multi-process run): a differing loss then proves nothing."""
+    drew_without_states: bool = False
+    """A replay drew random numbers that the checkpoint holds no RNG states for."""
 
     def run(
         self,
@@ -173,20 +225,25 @@ class Replayer:
         checkpoint = self.reads(ckpt_path)
         k = int(checkpoint["global_step"])
         remedies = ckpt_path if remedies_of is None else remedies_of
-        recorder = StepRecorder(self.config.detector.monitor)
+        recorder = StepRecorder(self.judge.monitors)
         callbacks = [recorder, *self.subject.callbacks_for(self.reads(remedies), remedies)]
+        callbacks = with_exact_resume(callbacks, self.config.exact_resume)
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))
+        # Past the LR schedule's end too (a run, recover's, may train on at its floor LR),
+        # but not past the run's: a OneCycleLR raises there.
+        end = self.spike_step + self.config.horizon + 1
         spec = RunSpec(
             log_root=self.log_root,
             name=label,
-            # Past the schedule's end too: a run (recover's) may train on at its floor LR
-            max_steps=self.spike_step + self.config.horizon + 1,
+            max_steps=end if self.end_step is None else min(end, self.end_step),
             callbacks=callbacks,
             progress_bar=False,
             trainer_kwargs={"limit_val_batches": 0, **self.trainer_kwargs},
             resume_step=k,
         )
+        if self.config.seed is not None:  # every replay draws what the one before drew
+            seed_everything(self.config.seed, verbose=False)
         module, datamodule = self.subject.model(), self.subject.data()
         start = time.perf_counter()
         with quiet_branches():
@@ -197,6 +254,8 @@ class Replayer:
             raise RuntimeError(
                 f"the replay {label} from step {k} never reached spike_step={self.spike_step}"
             )
+        if recorder.drew and not has_rng_states(checkpoint):
+            self.drew_without_states = True
         replay = self._judge(label, checkpoint, records, skipped)
         replay.wall_s = wall
         return replay, records
@@ -211,13 +270,20 @@ class Replayer:
         """The replay's numbers around the spike, as the judging detector sees them."""
         k = int(checkpoint["global_step"])
         first = self.spike_step - self.config.window_before
-        detector = judging_detector(self.config.detector, checkpoint, first - k)
+        detector = judging_detector(self.judge, checkpoint, first - k)
         continued = detector.state_in(checkpoint) is not None
-        flagged = []
+        flagged: list[int] = []
+        excess: dict[str, float] = {}
+        at_spike: dict[str, float] = {}
         for step in sorted(records):
             found = detector.check(step, records[step])
             if step >= first and found:
                 flagged.append(step)
+            for spike in found if step >= first else []:
+                metric, size = str(spike["metric"]), rise(spike)
+                excess[metric] = max(excess.get(metric, -math.inf), size)
+                if step == self.spike_step:
+                    at_spike[metric] = size
         judged = [records[s] for s in sorted(records) if s >= first]
         loss = float(records[self.spike_step]["loss"])
         equal = bit_equal(loss, self.original)
@@ -234,4 +300,11 @@ class Replayer:
             bit_equal=None if self.incomparable and not equal else equal,
             last_step=max(records),
             detector_from_checkpoint=continued,
+            excess=excess,
+            spike_excess=at_spike,
         )
+
+
+def has_rng_states(checkpoint: dict[str, Any]) -> bool:
+    """Whether ``checkpoint`` holds ExactResume's RNG states (the run's draws)."""
+    return STATE_KEY in (checkpoint.get("callbacks") or {})

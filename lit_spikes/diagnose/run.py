@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,21 @@ from lit_spikes.callbacks.exact_resume import (
 from lit_spikes.data import flat_config, plain_config
 from lit_spikes.diagnose import explain
 from lit_spikes.diagnose.config import DiagnoseConfig
-from lit_spikes.diagnose.replay import LOSS_TAGS, CheckpointReads, Replayer, logged_losses
-from lit_spikes.diagnose.subject import CallbacksSource, DataSource, ModelSource, subject_of
+from lit_spikes.diagnose.replay import (
+    LOSS_TAGS,
+    CheckpointReads,
+    Judge,
+    Replayer,
+    judge_of,
+    logged_losses,
+)
+from lit_spikes.diagnose.subject import (
+    CallbacksSource,
+    DataSource,
+    ModelSource,
+    run_config,
+    subject_of,
+)
 from lit_spikes.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
 
 
@@ -39,7 +53,8 @@ def diagnose(
     Args:
         ckpt_path: a Lightning checkpoint of the run, written before ``spike_step``.
         spike_step: global step of the spike's onset.
-        config: replay lengths, the other-data window, the detector, the loss's tag.
+        config: replay lengths, the other-data window, the detector (None: the run's,
+            from the checkpoint's record), the loss's tag, ExactResume and the seed.
         model: the run's LightningModule: a factory (called once per replay) or a class
             path, ``{"class_path", "init_args"}`` or ``ClassPath`` (None: the run's
             ``config.yaml``'s, else TinyGPTModule, which is built from the checkpoint).
@@ -60,35 +75,89 @@ def diagnose(
 
     Raises:
         CheckpointError: a checkpoint that cannot be resumed from.
-        ValueError: a spike or earlier file not after/before the checkpoint, a bad class.
+        ValueError: a spike or earlier file not after/before the checkpoint, a spike at or
+            past the run's end, a bad class.
     """
     config = config or DiagnoseConfig()
     reads = reads or CheckpointReads()
     ckpt_path = Path(ckpt_path)
     checkpoint = reads(ckpt_path)
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
+    end = run_end(ckpt_path, checkpoint)
+    if end is not None and spike_step >= end[0]:
+        raise ValueError(
+            f"spike_step={spike_step} is past the run's end: it trains steps up to "
+            f"{end[0] - 1} ({end[1]}); give a step of the run"
+        )
     subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
+    judge = judge_of(config.detector, checkpoint)
     trainer_kwargs = dict(trainer_kwargs or {})
     if "gradient_clip_val" not in trainer_kwargs:
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
     original = original_loss
     if original is None:
-        original = _logged_original(ckpt_path, spike_step, _loss_tags(config))
+        original = _logged_original(ckpt_path, spike_step, _loss_tags(config, judge))
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
         replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
+        replayer.judge, replayer.end_step = judge, None if end is None else end[0]
         replayer.incomparable = _incomparable(checkpoint)
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
-        return _replay_and_judge(replayer, ckpt_path, earlier, original)
+        verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
+    # After replay (a)'s line, which stays the first
+    notes = [f"Judged by {judge.source}."]
+    replayed_to = spike_step + config.horizon + 1
+    if end is not None and end[0] < replayed_to:
+        notes.append(f"Replays end at step {end[0]}, the run's end ({end[1]}), not {replayed_to}.")
+    verdict.evidence[1:1] = notes
+    return verdict
 
 
-def _loss_tags(config: DiagnoseConfig) -> tuple[str, ...]:
+def _loss_tags(config: DiagnoseConfig, judge: Judge) -> tuple[str, ...]:
     """The TensorBoard tags the run's loss may be under: the configured one, else
-    ``train/loss``, the detector's monitored names, ``loss``."""
+    ``train/loss``, the judging detector's monitored names (the run's), ``loss``."""
     if config.loss_tag is not None:
         return (config.loss_tag,)
-    watched = [name for name in config.detector.monitor if name != "grad_norm"]
+    watched = [name for name in judge.monitors if name != "grad_norm"]
     return tuple(dict.fromkeys([LOSS_TAGS[0], *watched, *LOSS_TAGS[1:]]))
+
+
+def _ledger_steps(ckpt_path: Path) -> int | None:
+    """The steps of the recover run whose branch wrote ``ckpt_path`` (its ledger's
+    config, ``<log_root>/ledger.json``, ``<log_root>/<branch>/checkpoints/<file>``);
+    None where none is found."""
+    from lit_spikes.recover.config import RecoverConfig  # the ledger's own reading
+    from lit_spikes.recover.ledger import LEDGER_NAME
+
+    for root in list(ckpt_path.resolve().parents)[1:4]:
+        try:
+            saved = json.loads((root / LEDGER_NAME).read_text())["config"]
+            return RecoverConfig.from_dict({**saved, "log_root": str(root)}).steps
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
+def run_end(ckpt_path: Path, checkpoint: dict[str, Any]) -> tuple[int, str] | None:
+    """The global step at which the checkpoint's run ends, and what says so: its
+    ``config.yaml``'s ``trainer.max_steps`` (lit-spikes fit), its recover ledger's steps, or
+    an LR scheduler that counts its steps (``OneCycleLR``'s ``total_steps``, which raises
+    a step later; stepped once per step); the earliest of them. None: none says."""
+    ends: list[tuple[int, str]] = []
+    trainer = run_config(ckpt_path).get("trainer")
+    steps = trainer.get("max_steps") if isinstance(trainer, dict) else None
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+        ends.append((steps, f"its config.yaml's trainer.max_steps={steps}"))
+    ledger = _ledger_steps(ckpt_path)
+    if ledger is not None:
+        ends.append((ledger, f"its recover ledger's max_steps={ledger}"))
+    k = int(checkpoint["global_step"])
+    for state in checkpoint.get("lr_schedulers") or []:
+        total = state.get("total_steps") if isinstance(state, dict) else None
+        last = state.get("last_epoch") if isinstance(state, dict) else None
+        if isinstance(total, int) and isinstance(last, int):
+            ends.append((k + total - last, f"its LR scheduler's total_steps={total}"))
+    return min(ends) if ends else None
 
 
 def _check_files(
@@ -180,6 +249,9 @@ def _replay_and_judge(
     spike_step, config = replayer.spike_step, replayer.config
     same, records = replayer.run("replay_same_data", ckpt_path)
     k = same.ckpt_step
+    if replayer.drew_without_states:
+        replayer.incomparable = "; ".join(filter(None, [replayer.incomparable, explain.NO_RNG]))
+        same.bit_equal = None if same.bit_equal is False else same.bit_equal
     evidence = [explain.same_data_line(spike_step, same, original, replayer.incomparable)]
     decided = cause_from_same_data(spike_step, same)
     if decided is not None:
@@ -201,10 +273,12 @@ def _replay_and_judge(
         # The run's remedies are the later file's: an earlier one may be the parent's, from
         # before a recover branch started with them (its skip set, its LR scale).
         earlier, _ = replayer.run("replay_earlier_ckpt", earlier_ckpt, remedies_of=ckpt_path)
+        if replayer.drew_without_states and earlier.bit_equal is False:
+            earlier.bit_equal = None  # other draws than the later file's replay: no evidence
     evidence.append(explain.other_data_line(spike_step, same, other, position, config))
     if earlier is not None:
         evidence += explain.earlier_lines(spike_step, same, earlier)
-    cause = verdict_cause(spike_step, same, other, earlier)
+    cause = verdict_cause(spike_step, same, other, earlier, config.recurrence)
     if cause in explain.READINGS:
         evidence.append(explain.READINGS[cause])
     return Verdict(cause, spike_step, k, str(ckpt_path), original, same, other, earlier, evidence)

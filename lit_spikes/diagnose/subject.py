@@ -36,7 +36,7 @@ OWN_DATA = f"{StepDataModule.__module__}.{StepDataModule.__qualname__}"
 """The project's own classes: rebuilt from the settings the checkpoint holds."""
 
 NOT_REPLAYED = (
-    SpikeDetector,  # the replays are judged by diagnose's own detector; a stop would end one
+    SpikeDetector,  # the replays are judged offline (replay.Judge); a stop would end one
     RollbackRestore,
     ModelCheckpoint,
     CheckpointRetention,

@@ -5,10 +5,20 @@ Trainer: the rules of the diagnosis, testable with plain numbers."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
+
+RECURRENCE = 0.5
+"""A flagged step of the other-data replay is the spike recurring where it rises at
+least this fraction of the spike's own rise above the detector's mean (DiagnoseConfig)."""
+
+
+def rise(spike: dict[str, Any]) -> float:
+    """How far a flagged value stands above the detector's mean (inf: NaN or inf)."""
+    value = float(spike["value"])
+    return value - float(spike["reference"]) if math.isfinite(value) else math.inf
 
 
 @dataclass
@@ -35,10 +45,29 @@ class Replay:
     detector_from_checkpoint: bool = False
     """The judging detector continued the run's own (its state was in the checkpoint);
     otherwise a fresh one with the configured settings and a shortened warm-up."""
+    excess: dict[str, float] = field(default_factory=dict)
+    """By monitored name, the largest rise above the detector's mean of a flagged step
+    (``rise``): how big the replay's biggest flag is."""
+    spike_excess: dict[str, float] = field(default_factory=dict)
+    """By monitored name flagged at the spike's step, that step's rise."""
 
     @property
     def spiked(self) -> bool:
         return bool(self.flagged)
+
+
+def recurred(same: Replay, other: Replay, fraction: float = RECURRENCE) -> bool:
+    """Whether ``other`` brings the spike of ``same`` back: a flagged step that rises at
+    least ``fraction`` of the spike's own rise in a name flagged at the spike (a replay
+    of plain numbers, without rises: any flagged step)."""
+    if not other.spiked:
+        return False
+    if not same.spike_excess or not other.excess:
+        return True
+    return any(
+        metric in other.excess and other.excess[metric] >= fraction * size
+        for metric, size in same.spike_excess.items()
+    )
 
 
 @dataclass
@@ -75,12 +104,17 @@ def cause_from_same_data(spike_step: int, same: Replay) -> Cause | None:
 
 
 def verdict_cause(
-    spike_step: int, same: Replay, other: Replay | None, earlier: Replay | None = None
+    spike_step: int,
+    same: Replay,
+    other: Replay | None,
+    earlier: Replay | None = None,
+    recurrence: float = RECURRENCE,
 ) -> Cause:
     """The cause the replays show: (a) decides alone where it can; else an earlier
     checkpoint's replay (c) that does not bring the spike back to the bit says the later
     state is not the run's own history's; else (b) still spiking without the data around
-    the spike says the state causes it, and not spiking says the data does.
+    the spike (``recurred``: a rise of at least ``recurrence`` of the spike's) says the
+    state causes it, and not spiking (or a smaller bump) says the data does.
 
     Raises:
         ValueError: (a) leaves the question open and there is no replay (b).
@@ -92,7 +126,7 @@ def verdict_cause(
         raise ValueError(f"the spike at step {spike_step} came back: replay (b) must decide")
     if earlier is not None and earlier.bit_equal is False:
         return "not-reproducible"
-    return "state-caused" if other.spiked else "data-caused"
+    return "state-caused" if recurred(same, other, recurrence) else "data-caused"
 
 
 def given_decimals(value: float) -> int | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks import SpikeDetector
@@ -22,6 +23,7 @@ from lit_spikes.recover.gate import skip_stepped
 from lit_spikes.recover.history import HISTORY_NAME, read_history
 from lit_spikes.recover.ledger import BranchRecord, Intervention, dedupe_spikes
 from lit_spikes.recover.remedies import SpikeContext, remedy_callbacks
+from lit_spikes.resume_callbacks import with_exact_resume
 from lit_spikes.training import CHECKPOINT_DIRNAME, RunSpec
 
 
@@ -95,8 +97,10 @@ def branch_run(
     progress_bar: bool,
 ) -> tuple[pl.LightningModule, pl.LightningDataModule, RunSpec]:
     """The module, data module and run of ``record``: the loop's ``callbacks`` (detector
-    first) with its lineage's remedies after the detector, its model changes, and the
-    Trainer arguments of the loop's processes."""
+    first) with its lineage's remedies after the detector and ``ExactResume`` unless the
+    config opts out (a module's own replaces it), its model changes, and the Trainer
+    arguments of the loop's processes; the module and data built after the config's
+    seed."""
     config = builders.config
     remedies = remedy_callbacks(record.remedies)
     detector, *rest = callbacks
@@ -106,11 +110,13 @@ def branch_run(
         max_steps=config.steps,
         checkpoint_every=config.checkpoint_every,
         val_every=config.val_every,
-        callbacks=[detector, *remedies, *rest],
+        callbacks=with_exact_resume([detector, *remedies, *rest], config.exact_resume),
         progress_bar=progress_bar,
         trainer_kwargs=config.trainer_kwargs(),
         resume_step=resume_step,
     )
+    if config.seed is not None:  # every session builds and trains a branch alike
+        seed_everything(config.seed, verbose=False)
     return builders.module(record), builders.datamodule(), spec
 
 

@@ -168,6 +168,15 @@ class RecoverConfig:
     """``"auto"`` or ``"ddp"``: with several processes both mean DDP, whose processes
     the loop starts once and keeps for every branch (``ddp_spawn`` would start new ones
     for each branch and lose the callbacks' decisions on the way back)."""
+    exact_resume: bool = True
+    """Every branch trains with ``ExactResume`` (its checkpoints hold the RNG states, a
+    resume seeks the StepLoader) where the module brings none itself (False: as the
+    module has it; a restarted branch's random draws then are not the uninterrupted
+    run's)."""
+    seed: int | None = 0
+    """``seed_everything`` before each branch's module is built: a module that draws its
+    weights (or dropout) from the global RNG trains alike in every session (None: not
+    seeded)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_root", Path(self.log_root))
