@@ -53,14 +53,22 @@ from lit_spikes.cli_parsing import (
     is_own,
     quiet_lightning_notes,
     set_merged_defaults,
+    trainer_setting_problem,
     yaml_nonfinite,
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.resume_callbacks import (
-    entries_to_resume,
-    keys_of,
+from lit_spikes.fit_defaults import (
+    add_fit_options,
+    add_seed_option,
+    adds_exact_resume,
+    length_problem,
+    read_record,
+    seed_for,
+    threads_for,
+    user_run_config,
 )
+from lit_spikes.module import TinyGPTModule
+from lit_spikes.resume_callbacks import entries_to_resume, keys_of, with_exact_resume
 from lit_spikes.setup_checks import check_training_setup
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
@@ -123,6 +131,10 @@ class LitSpikesCLI(LightningCLI):
         return parser
 
     @override
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        add_seed_option(parser)  # a default that depends on the module (fit_defaults)
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Subclass mode with the project's classes as defaults: their options keep their
         # short spelling (--model.gpt.n_layer), another class is one --model away.
@@ -134,6 +146,7 @@ class LitSpikesCLI(LightningCLI):
             help="Write <trainer.default_root_dir>/checkpoints/step=<k>.ckpt every N steps, "
             "keeping all of them (0: no checkpoints).",
         )
+        add_fit_options(parser)
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -186,28 +199,11 @@ class LitSpikesCLI(LightningCLI):
                 check_shard(int(batch), 0, devices * nodes)
             except ValueError as error:
                 self.parser.error(str(error))
-        self._check_clipping_and_intervals(config["trainer"])
-
-    def _check_clipping_and_intervals(self, trainer: Any) -> None:
-        clip = trainer.get("gradient_clip_val")
-        if clip is not None and not (isinstance(clip, int | float) and 0 <= clip < math.inf):
-            # Lightning trains unclipped at -1, and the fingerprint would record clipping -1
-            self.parser.error(
-                f"--trainer.gradient_clip_val={clip} must be a finite number >= 0 "
-                "(0 or null: no clipping)"
-            )
-        interval = trainer.get("val_check_interval")
-        if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
-            self.parser.error(
-                f"--trainer.val_check_interval={interval} must be >= 1 (steps between validations)"
-            )
-        by_epoch = trainer.get("check_val_every_n_epoch") is not None
-        if isinstance(interval, float) and not (by_epoch and 0 < interval <= 1):
-            self.parser.error(
-                f"--trainer.val_check_interval={interval} must be a whole number of steps "
-                ">= 1 (a fraction in (0, 1] of an epoch needs --trainer.check_val_every_n_epoch "
-                "and an int --trainer.limit_train_batches: the step stream has no epochs)"
-            )
+        problem = trainer_setting_problem(config["trainer"])
+        if problem is not None:
+            self.parser.error(problem)
+        if config["num_threads"] is not None:  # a user's module (the demo's sets its own)
+            torch.set_num_threads(config["num_threads"])
 
     @override
     def instantiate_classes(self) -> None:
@@ -301,6 +297,24 @@ class LitSpikesCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         # Before LightningCLI reads the checkpoint's hyperparameters with a bare
         # torch.load: resolve "latest", and turn a broken file into a clear error.
+        self._resolve_ckpt_path()
+        self._resolve_module_defaults()
+
+    def _resolve_module_defaults(self) -> None:
+        """A user's module's seed and threads (``fit_defaults``) written into the config
+        (config.yaml records them), once the module is known; LightningCLI seeds next."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        own = is_own(config["model"], TinyGPTModule)
+        problem = None if own else length_problem(config["model"]["class_path"], config["trainer"])
+        if subcommand == "fit" and problem:  # else Lightning's 1000 epochs
+            self.parser.error(problem)
+        config["seed_everything"] = seed_for(config.get("seed_everything"), own)
+        config["num_threads"], problem = threads_for(config.get("num_threads"), own)
+        if problem is not None:
+            self.parser.error(problem)
+
+    def _resolve_ckpt_path(self) -> None:
         config = self.config.get(self.config.get("subcommand") or "", None)
         path = config.get("ckpt_path") if config is not None else None
         if path in ("best", "hpc", "registry"):
@@ -452,6 +466,7 @@ class LitSpikesCLI(LightningCLI):
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
         subcommand = self.config["subcommand"]
+        self._rebuild_from_record(subcommand, path)
         saved: dict[str, Any] = {}
         if is_own(self.config[subcommand]["model"], TinyGPTModule):  # another: as given
             hparams = plain_config(checkpoint.get("hyper_parameters", {}))
@@ -488,6 +503,17 @@ class LitSpikesCLI(LightningCLI):
                 "to change the LR from the resume point on, add an LRScaler callback"
             )
 
+    def _rebuild_from_record(self, subcommand: str, path: str) -> None:
+        """A user's run's model, data, length and numerics from its ``config.yaml`` as
+        the defaults (``user_run_config``), the command line parsed again on them: its
+        ``--ckpt_path`` alone resumes it. The project's module needs none: its
+        checkpoint holds its settings, and it refuses a checkpoint not its own."""
+        saved = user_run_config(read_record(Path(path)), OWN_MODEL)
+        if saved:
+            self._parser(subcommand).set_defaults(saved)
+            self.config = self.parser.parse_args(self._args)
+            self.config[subcommand]["ckpt_path"] = path
+
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -517,7 +543,11 @@ class LitSpikesCLI(LightningCLI):
             logger=logger,
         )
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
-        return self._instantiate_trainer(parts.trainer_kwargs, [*callbacks, *own, *parts.callbacks])
+        added = [*callbacks, *own, *parts.callbacks]
+        mine = is_own(config["model"], TinyGPTModule)  # its configure_callbacks has one
+        if training and adds_exact_resume(config["exact_resume"], mine, [*configured, *added]):
+            added = with_exact_resume(added)  # last, where a module's own would come
+        return self._instantiate_trainer(parts.trainer_kwargs, added)
 
 
 class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
