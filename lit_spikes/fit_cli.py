@@ -6,11 +6,12 @@ the top-level help and the other commands need neither).
 ``lit-spikes fit`` takes ``--model CLASS_PATH``, ``--data CLASS_PATH`` (LightningCLI's
 subclass mode: their arguments as ``--model.init_args.*`` or ``--model.*``),
 ``--trainer.*``, ``--config FILE`` and ``--ckpt_path PATH`` as any LightningCLI does, plus
-``--checkpoint_every N``: write ``<trainer.default_root_dir>/checkpoints/step=<k>.ckpt``
-every N steps, keeping all. The defaults reproduce the seed's setup (4 layers, peak LR
-0.1, batch 16, 400 steps). What is TinyGPT's alone (its settings and the data's taken
-from a checkpoint, its setup checks, the schedule's length as max_steps, epochs of its
-text) applies only when the model or the data is the project's own.
+``--checkpoint_every N`` (``step=<k>.ckpt`` every N steps, all kept), and what a user's
+module gets as the demo's has it (``fit_defaults``: ExactResume, seed, threads, its run
+rebuilt from config.yaml). The defaults reproduce the seed's setup (4 layers, peak LR
+0.1, batch 16, 400 steps). What is TinyGPT's alone (its settings and the data's from a
+checkpoint, its setup checks, the schedule's length as max_steps, epochs of its text)
+applies only when the model or the data is the project's own.
 """
 
 from __future__ import annotations
@@ -61,10 +62,9 @@ from lit_spikes.fit_defaults import (
     add_fit_options,
     add_seed_option,
     adds_exact_resume,
-    length_problem,
+    foreign_checkpoint,
     read_record,
-    seed_for,
-    threads_for,
+    resolve_module_defaults,
     user_run_config,
 )
 from lit_spikes.module import TinyGPTModule
@@ -298,19 +298,10 @@ class LitSpikesCLI(LightningCLI):
         # Before LightningCLI reads the checkpoint's hyperparameters with a bare
         # torch.load: resolve "latest", and turn a broken file into a clear error.
         self._resolve_ckpt_path()
-        self._resolve_module_defaults()
-
-    def _resolve_module_defaults(self) -> None:
-        """A user's module's seed and threads (``fit_defaults``) written into the config
-        (config.yaml records them), once the module is known; LightningCLI seeds next."""
+        # The module is known now: its seed and threads, before LightningCLI seeds
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        own = is_own(config["model"], TinyGPTModule)
-        problem = None if own else length_problem(config["model"]["class_path"], config["trainer"])
-        if subcommand == "fit" and problem:  # else Lightning's 1000 epochs
-            self.parser.error(problem)
-        config["seed_everything"] = seed_for(config.get("seed_everything"), own)
-        config["num_threads"], problem = threads_for(config.get("num_threads"), own)
+        problem = resolve_module_defaults(config, fitting=subcommand == "fit")
         if problem is not None:
             self.parser.error(problem)
 
@@ -466,8 +457,14 @@ class LitSpikesCLI(LightningCLI):
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
         subcommand = self.config["subcommand"]
-        self._rebuild_from_record(subcommand, path)
+        # A user's run from its config.yaml (the project's module: from the checkpoint)
+        if record := user_run_config(read_record(Path(path))):
+            self._parser(subcommand).set_defaults(record)
+            self.config = self.parser.parse_args(self._args)
         saved: dict[str, Any] = {}
+        problem = foreign_checkpoint(self.config[subcommand]["model"], checkpoint, path)
+        if subcommand == "fit" and problem:  # else the module's refusal, files written
+            self.parser.error(problem)
         if is_own(self.config[subcommand]["model"], TinyGPTModule):  # another: as given
             hparams = plain_config(checkpoint.get("hyper_parameters", {}))
             saved |= {f"{MODEL_KEYS}{key}": value for key, value in flat_config(hparams).items()}
@@ -502,17 +499,6 @@ class LitSpikesCLI(LightningCLI):
                 + " asks for others. Drop them to resume; start a new run to change them; "
                 "to change the LR from the resume point on, add an LRScaler callback"
             )
-
-    def _rebuild_from_record(self, subcommand: str, path: str) -> None:
-        """A user's run's model, data, length and numerics from its ``config.yaml`` as
-        the defaults (``user_run_config``), the command line parsed again on them: its
-        ``--ckpt_path`` alone resumes it. The project's module needs none: its
-        checkpoint holds its settings, and it refuses a checkpoint not its own."""
-        saved = user_run_config(read_record(Path(path)), OWN_MODEL)
-        if saved:
-            self._parser(subcommand).set_defaults(saved)
-            self.config = self.parser.parse_args(self._args)
-            self.config[subcommand]["ckpt_path"] = path
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

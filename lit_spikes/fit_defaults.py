@@ -54,6 +54,7 @@ and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli
 them from the same file) nor the clipping (from the checkpoint)."""
 
 RECORD_NAME = "config.yaml"
+OWN_MODEL = "lit_spikes.module.TinyGPTModule"
 
 
 def add_fit_options(parser: ArgumentParser) -> None:
@@ -105,6 +106,20 @@ def length_problem(model_path: str, trainer: Mapping[str, Any]) -> str | None:
     return None
 
 
+def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
+    """The parsed config's seed and threads resolved for its module (the project's or a
+    user's), in place (so that config.yaml records them); else the text of a usage
+    error: a user's fit without a length, threads refused."""
+    own_model = _is_subclass_path(_class_path(config["model"]), OWN_MODEL)
+    if fitting and not own_model:
+        problem = length_problem(_class_path(config["model"]), config["trainer"])
+        if problem is not None:
+            return problem
+    config["seed_everything"] = seed_for(config.get("seed_everything"), own_model)
+    config["num_threads"], problem = threads_for(config.get("num_threads"), own_model)
+    return problem
+
+
 def adds_exact_resume(exact_resume: bool, own_model: bool, configured: list[Any]) -> bool:
     """Whether ``fit`` adds an ``ExactResume``: asked, for a module not the project's (its
     ``configure_callbacks`` returns one) and none among the configured callbacks. A
@@ -122,7 +137,7 @@ def record_path(ckpt_path: Path) -> Path:
     return ckpt_path.resolve().parent.parent / RECORD_NAME
 
 
-def user_run_config(record: Mapping[str, Any], own_model_path: str) -> dict[str, Any]:
+def user_run_config(record: Mapping[str, Any], own_model_path: str = OWN_MODEL) -> dict[str, Any]:
     """The defaults a resume takes from a user's run record (a parsed ``config.yaml``):
     its ``model`` and ``data`` sections whole, ``RECORDED_TOP`` and ``RECORDED_TRAINER``
     (dotted keys); nothing for a run of the project's module (``own_model_path`` or a
@@ -148,6 +163,19 @@ def user_run_config(record: Mapping[str, Any], own_model_path: str) -> dict[str,
     return saved
 
 
+def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> str | None:
+    """Why the project's module (``model``: the parsed section, by default it) cannot
+    resume ``checkpoint`` (None: it can): a file it did not write, with no run record
+    beside it to name the classes that did."""
+    if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), OWN_MODEL):
+        return None
+    return (
+        f"--ckpt_path {path} was not written by TinyGPTModule (no 'lit_spikes' entry) and "
+        f"no {RECORD_NAME} of its run is at {record_path(Path(path))}: give the run's "
+        "--model CLASS_PATH and --data CLASS_PATH (and its --trainer.max_steps)"
+    )
+
+
 def read_record(ckpt_path: Path) -> dict[str, Any]:
     """The run's ``config.yaml`` beside ``ckpt_path``'s directory, parsed ({} if none)."""
     try:
@@ -155,6 +183,12 @@ def read_record(ckpt_path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+def _class_path(section: Any) -> str:
+    """A parsed ``model`` section's class path (a Namespace or a dict; "" for none)."""
+    path = section.get("class_path") if section is not None else None
+    return path if isinstance(path, str) else ""
 
 
 def _is_subclass_path(path: str, own_path: str) -> bool:

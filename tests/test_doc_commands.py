@@ -113,7 +113,10 @@ def test_every_command_line_in_the_docs_parses(
         if not argv or argv[0] not in COMMANDS:
             continue  # lit-spikes --help, {fit,validate,...}: the top level
         argv = tuple(str(REPO / w) if w.startswith("configs/") else w for w in argv)
-        sketch = len(argv) == 1 or (argv[-1].startswith("--") and argv[-1] != "--help")
+        last = argv[-1]  # an option without its value: prose naming it (`fit --config`)
+        sketch = len(argv) == 1 or (
+            last.startswith("--") and "=" not in last and last not in ("--help", "--print_config")
+        )
         if sketch or any(_PLACEHOLDER.search(w) for w in argv):
             # a synopsis: its option names, as the command's help spells them
             if argv[0] not in helps:
@@ -123,19 +126,18 @@ def test_every_command_line_in_the_docs_parses(
             if unknown:
                 failures.append(f"{where}: {unknown} not in `{argv[0]} --help`")
             continue
-        checks = [[*argv, "--print_config"]]
+        check = [*argv, "--print_config"]
         if argv[0] == "fit" and "--ckpt_path" not in argv and "--help" not in argv:
-            checks.append(list(argv))  # also the checks after the parse
-        for check in checks:
-            try:
-                result = main(check)
-                code: object = result if isinstance(result, int) else "no exit"
-            except SystemExit as exit_info:
-                code = exit_info.code
-            except _Parsed:
-                code = 0
-            err = capsys.readouterr().err
-            if code not in (0, None):
-                failures.append(f"{where}: {' '.join(check)} exits {code}: {err[-300:]}")
+            check = list(argv)  # the parse, then the checks before anything is built
+        try:
+            result = main(check)
+            code: object = result if isinstance(result, int) else "no exit"
+        except SystemExit as exit_info:
+            code = exit_info.code
+        except _Parsed:
+            code = 0
+        err = capsys.readouterr().err
+        if code not in (0, None):
+            failures.append(f"{where}: {' '.join(check)} exits {code}: {err[-300:]}")
     assert not failures, "\n".join(failures)
     assert not any(tmp_path.iterdir()), "a parse wrote files"
