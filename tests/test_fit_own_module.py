@@ -107,6 +107,8 @@ def test_ckpt_path_alone_rebuilds_a_users_run_from_its_record(
         ["--model", NET, "--data", DATA, "--trainer.max_steps", "4", "--num_threads", "0"],
         ["--trainer.max_steps", "4", "--num_threads", "2"],  # TinyGPT: --model.num_threads
         ["--model", NET, "--data", DATA, "--trainer.max_steps", "4", "--exact_resume", "maybe"],
+        ["--model", NET, "--data", DATA, "--trainer.max_steps", "4", "--checkpoint_every", "-1"],
+        ["--model", NET, "--data", DATA, "--trainer.max_epochs", "1", "--trainer.max_steps", "0"],
     ],
 )
 def test_a_usage_error_exits_2_and_leaves_no_run_directory(
@@ -117,6 +119,20 @@ def test_a_usage_error_exits_2_and_leaves_no_run_directory(
     assert exit_info.value.code == 2
     assert not (tmp_path / "run").exists()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_users_file_without_its_record_names_the_classes_to_give(
+    uninterrupted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "copy" / "checkpoints").mkdir(parents=True)
+    ckpt = shutil.copy(
+        uninterrupted / "checkpoints" / "step=6.ckpt", tmp_path / "copy" / "checkpoints"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        fit(tmp_path / "copy", "--ckpt_path", str(ckpt))
+    assert exit_info.value.code == 2
+    assert "--model CLASS_PATH and --data CLASS_PATH" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "copy").rglob("*")) == ["checkpoints", "step=6.ckpt"]
 
 
 def _exact_resumes(cli: Any) -> list[Any]:
