@@ -7,6 +7,7 @@ errors unwrapped, defaults merged into a section's."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib
 import inspect
@@ -17,7 +18,7 @@ import textwrap
 import warnings
 from typing import Any, NoReturn
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
@@ -89,6 +90,10 @@ def _init_args(path: str) -> list[str]:
         return list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
     except (ImportError, AttributeError, TypeError, ValueError):
         return []
+
+
+class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the description's line breaks kept."""
 
 
 class LitSpikesParser(LightningArgumentParser):

@@ -16,7 +16,6 @@ applies only when the model or the data is the project's own.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -48,6 +46,7 @@ from lit_spikes.cli import DESCRIPTION
 from lit_spikes.cli_parsing import (
     DATA_KEYS,
     MODEL_KEYS,
+    HelpFormatter,
     LitSpikesParser,
     arrange_help,
     first_cause,
@@ -330,6 +329,8 @@ class LitSpikesCLI(LightningCLI):
         if not path:
             if self.config.get("subcommand") == "fit":
                 self._refuse_mixed_histories(config, None, None, restart=asked == "last")
+                if asked == "last":  # a user's run killed before its first checkpoint
+                    self._from_record("fit", Path(config["trainer"]["default_root_dir"]), None)
             return
         try:  # validate and test need only the weights
             checkpoint = load_checkpoint(
@@ -457,10 +458,7 @@ class LitSpikesCLI(LightningCLI):
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
         subcommand = self.config["subcommand"]
-        # A user's run from its config.yaml (the project's module: from the checkpoint)
-        if record := user_run_config(read_record(Path(path))):
-            self._parser(subcommand).set_defaults(record)
-            self.config = self.parser.parse_args(self._args)
+        self._from_record(subcommand, Path(path).resolve().parent.parent, path)
         saved: dict[str, Any] = {}
         problem = foreign_checkpoint(self.config[subcommand]["model"], checkpoint, path)
         if subcommand == "fit" and problem:  # else the module's refusal, files written
@@ -500,6 +498,13 @@ class LitSpikesCLI(LightningCLI):
                 "to change the LR from the resume point on, add an LRScaler callback"
             )
 
+    def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
+        """A user's run's config.yaml as the defaults, the command line parsed on them."""
+        if record := user_run_config(read_record(run_dir)):
+            self._parser(subcommand).set_defaults(record)
+            self.config = self.parser.parse_args(self._args)
+            self.config[subcommand]["ckpt_path"] = path
+
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -530,14 +535,9 @@ class LitSpikesCLI(LightningCLI):
         )
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
         added = [*callbacks, *own, *parts.callbacks]
-        mine = is_own(config["model"], TinyGPTModule)  # its configure_callbacks has one
-        if training and adds_exact_resume(config["exact_resume"], mine, [*configured, *added]):
+        if training and adds_exact_resume(config, [*configured, *added]):
             added = with_exact_resume(added)  # last, where a module's own would come
         return self._instantiate_trainer(parts.trainer_kwargs, added)
-
-
-class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help, with the description's line breaks kept."""
 
 
 def run(args: list[str] | None = None) -> LitSpikesCLI | None:
@@ -590,7 +590,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
         parser_kwargs={
             "prog": "lit-spikes",
             "description": DESCRIPTION,
-            "formatter_class": _HelpFormatter,
+            "formatter_class": HelpFormatter,
         }
         if run
         else None,

@@ -120,16 +120,17 @@ def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
     return problem
 
 
-def adds_exact_resume(exact_resume: bool, own_model: bool, configured: list[Any]) -> bool:
-    """Whether ``fit`` adds an ``ExactResume``: asked, for a module not the project's (its
-    ``configure_callbacks`` returns one) and none among the configured callbacks. A
-    user's module returning one from ``configure_callbacks`` replaces the added one, as
-    Lightning replaces a Trainer callback of a type the module returns."""
+def adds_exact_resume(config: Any, configured: list[Any]) -> bool:
+    """Whether ``fit`` adds an ``ExactResume`` to the parsed ``config``'s run: asked
+    (``exact_resume``), for a module not the project's (its ``configure_callbacks``
+    returns one) and none among the ``configured`` callbacks. A user's module returning
+    one from ``configure_callbacks`` replaces the added one, as Lightning replaces a
+    Trainer callback of a type the module returns."""
     from lit_spikes.callbacks import ExactResume
 
-    return (
-        exact_resume and not own_model and not any(isinstance(c, ExactResume) for c in configured)
-    )
+    if not config["exact_resume"] or _is_subclass_path(_class_path(config["model"]), OWN_MODEL):
+        return False
+    return not any(isinstance(c, ExactResume) for c in configured)
 
 
 def record_path(ckpt_path: Path) -> Path:
@@ -176,10 +177,10 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
     )
 
 
-def read_record(ckpt_path: Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` beside ``ckpt_path``'s directory, parsed ({} if none)."""
+def read_record(run_dir: Path) -> dict[str, Any]:
+    """The ``config.yaml`` of the run in ``run_dir``, parsed ({} if none)."""
     try:
-        loaded = yaml.safe_load(record_path(ckpt_path).read_text())
+        loaded = yaml.safe_load((run_dir / RECORD_NAME).read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return loaded if isinstance(loaded, dict) else {}

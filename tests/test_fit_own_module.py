@@ -100,6 +100,16 @@ def test_ckpt_path_alone_rebuilds_a_users_run_from_its_record(
     assert_tensors_equal(final_state(uninterrupted), final_state(tmp_path / "resumed"))
 
 
+def test_ckpt_path_last_alone_restarts_a_users_run_killed_before_its_first_file(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "requeued").mkdir()  # config.yaml is written at the fit's start
+    shutil.copy(uninterrupted / "config.yaml", tmp_path / "requeued" / "config.yaml")
+    cli = fit(tmp_path / "requeued", "--ckpt_path", "last")
+    assert type(cli.model).__name__ == "DropoutNet"
+    assert_tensors_equal(final_state(uninterrupted), final_state(tmp_path / "requeued"))
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -176,10 +186,12 @@ def test_the_decisions_for_a_users_module() -> None:
     assert "--trainer.max_steps" in str(length_problem("m.Net", {"max_steps": -1}))
     for bound in ({"max_steps": 5}, {"max_epochs": 2}, {"max_time": "00:01:00:00"}):
         assert length_problem("m.Net", {"max_steps": -1, **bound}) is None
-    assert adds_exact_resume(True, own_model=False, configured=[])
-    assert not adds_exact_resume(False, own_model=False, configured=[])
-    assert not adds_exact_resume(True, own_model=True, configured=[])
-    assert not adds_exact_resume(True, own_model=False, configured=[ExactResume()])
+    mine = {"model": {"class_path": NET}, "exact_resume": True}
+    assert adds_exact_resume(mine, configured=[])
+    assert not adds_exact_resume(mine | {"exact_resume": False}, configured=[])
+    assert not adds_exact_resume(mine, configured=[ExactResume()])
+    demo = {"model": {"class_path": "lit_spikes.module.TinyGPTModule"}, "exact_resume": True}
+    assert not adds_exact_resume(demo, configured=[])
 
 
 def test_a_users_record_gives_model_data_length_and_numerics() -> None:
