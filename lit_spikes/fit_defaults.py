@@ -13,18 +13,9 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-EXACT_RESUME_HELP = (
-    "Add an ExactResume callback (RNG states, fingerprint) unless the module or "
-    "--trainer.callbacks has one (false: none)."
-)
-NUM_THREADS_HELP = (
-    "torch CPU threads of the run (results depend on it): 1 by default for another "
-    "--model; TinyGPTModule takes --model.num_threads."
-)
-SEED_HELP = (
-    "seed_everything before the classes are built: 0 by default for another --model "
-    "(TinyGPTModule seeds itself: --model.model_seed, --model.train_seed); false: none."
-)
+EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
+NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
+SEED_HELP = "0 for another --model (TinyGPTModule seeds itself); false: no seeding."
 
 RECORDED_TOP = ("seed_everything", "num_threads", "exact_resume", "checkpoint_every")
 """Settings of a user's run that a resume takes from its record unless given."""
