@@ -7,16 +7,18 @@ errors unwrapped, defaults merged into a section's."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib
 import inspect
 import logging
+import math
 import re
 import textwrap
 import warnings
 from typing import Any, NoReturn
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
@@ -88,6 +90,10 @@ def _init_args(path: str) -> list[str]:
         return list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
     except (ImportError, AttributeError, TypeError, ValueError):
         return []
+
+
+class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the description's line breaks kept."""
 
 
 class LitSpikesParser(LightningArgumentParser):
@@ -212,6 +218,29 @@ def set_merged_defaults(parser: LightningArgumentParser, saved: dict[str, Any]) 
         else:
             plain[key] = value
     parser.set_defaults(plain | {section: defaults[section].as_dict() for section in whole})
+
+
+def trainer_setting_problem(trainer: Any) -> str | None:
+    """Why the parsed ``trainer`` section's clipping or validation interval is refused
+    (None: it is not), before anything is written."""
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and not (isinstance(clip, int | float) and 0 <= clip < math.inf):
+        # Lightning trains unclipped at -1, and the fingerprint would record clipping -1
+        return (
+            f"--trainer.gradient_clip_val={clip} must be a finite number >= 0 "
+            "(0 or null: no clipping)"
+        )
+    interval = trainer.get("val_check_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
+        return f"--trainer.val_check_interval={interval} must be >= 1 (steps between validations)"
+    by_epoch = trainer.get("check_val_every_n_epoch") is not None
+    if isinstance(interval, float) and not (by_epoch and 0 < interval <= 1):
+        return (
+            f"--trainer.val_check_interval={interval} must be a whole number of steps "
+            ">= 1 (a fraction in (0, 1] of an epoch needs --trainer.check_val_every_n_epoch "
+            "and an int --trainer.limit_train_batches: the step stream has no epochs)"
+        )
+    return None
 
 
 class _NoLitLoggerTip(logging.Filter):

@@ -6,16 +6,16 @@ the top-level help and the other commands need neither).
 ``lit-spikes fit`` takes ``--model CLASS_PATH``, ``--data CLASS_PATH`` (LightningCLI's
 subclass mode: their arguments as ``--model.init_args.*`` or ``--model.*``),
 ``--trainer.*``, ``--config FILE`` and ``--ckpt_path PATH`` as any LightningCLI does, plus
-``--checkpoint_every N``: write ``<trainer.default_root_dir>/checkpoints/step=<k>.ckpt``
-every N steps, keeping all. The defaults reproduce the seed's setup (4 layers, peak LR
-0.1, batch 16, 400 steps). What is TinyGPT's alone (its settings and the data's taken
-from a checkpoint, its setup checks, the schedule's length as max_steps, epochs of its
-text) applies only when the model or the data is the project's own.
+``--checkpoint_every N`` (``step=<k>.ckpt`` every N steps, all kept), and what a user's
+module gets as the demo's has it (``fit_defaults``: ExactResume, seed, threads, its run
+rebuilt from config.yaml). The defaults reproduce the seed's setup (4 layers, peak LR
+0.1, batch 16, 400 steps). What is TinyGPT's alone (its settings and the data's from a
+checkpoint, its setup checks, the schedule's length as max_steps, epochs of its text)
+applies only when the model or the data is the project's own.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -47,20 +46,28 @@ from lit_spikes.cli import DESCRIPTION
 from lit_spikes.cli_parsing import (
     DATA_KEYS,
     MODEL_KEYS,
+    HelpFormatter,
     LitSpikesParser,
     arrange_help,
     first_cause,
     is_own,
     quiet_lightning_notes,
     set_merged_defaults,
+    trainer_setting_problem,
     yaml_nonfinite,
 )
 from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_config
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.resume_callbacks import (
-    entries_to_resume,
-    keys_of,
+from lit_spikes.fit_defaults import (
+    add_fit_options,
+    add_seed_option,
+    adds_exact_resume,
+    foreign_checkpoint,
+    read_record,
+    resolve_module_defaults,
+    user_run_config,
 )
+from lit_spikes.module import TinyGPTModule
+from lit_spikes.resume_callbacks import entries_to_resume, keys_of, with_exact_resume
 from lit_spikes.setup_checks import check_training_setup
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
@@ -123,6 +130,10 @@ class LitSpikesCLI(LightningCLI):
         return parser
 
     @override
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        add_seed_option(parser)  # a default that depends on the module (fit_defaults)
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Subclass mode with the project's classes as defaults: their options keep their
         # short spelling (--model.gpt.n_layer), another class is one --model away.
@@ -134,6 +145,7 @@ class LitSpikesCLI(LightningCLI):
             help="Write <trainer.default_root_dir>/checkpoints/step=<k>.ckpt every N steps, "
             "keeping all of them (0: no checkpoints).",
         )
+        add_fit_options(parser)
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -186,28 +198,11 @@ class LitSpikesCLI(LightningCLI):
                 check_shard(int(batch), 0, devices * nodes)
             except ValueError as error:
                 self.parser.error(str(error))
-        self._check_clipping_and_intervals(config["trainer"])
-
-    def _check_clipping_and_intervals(self, trainer: Any) -> None:
-        clip = trainer.get("gradient_clip_val")
-        if clip is not None and not (isinstance(clip, int | float) and 0 <= clip < math.inf):
-            # Lightning trains unclipped at -1, and the fingerprint would record clipping -1
-            self.parser.error(
-                f"--trainer.gradient_clip_val={clip} must be a finite number >= 0 "
-                "(0 or null: no clipping)"
-            )
-        interval = trainer.get("val_check_interval")
-        if isinstance(interval, int) and not isinstance(interval, bool) and interval < 1:
-            self.parser.error(
-                f"--trainer.val_check_interval={interval} must be >= 1 (steps between validations)"
-            )
-        by_epoch = trainer.get("check_val_every_n_epoch") is not None
-        if isinstance(interval, float) and not (by_epoch and 0 < interval <= 1):
-            self.parser.error(
-                f"--trainer.val_check_interval={interval} must be a whole number of steps "
-                ">= 1 (a fraction in (0, 1] of an epoch needs --trainer.check_val_every_n_epoch "
-                "and an int --trainer.limit_train_batches: the step stream has no epochs)"
-            )
+        problem = trainer_setting_problem(config["trainer"])
+        if problem is not None:
+            self.parser.error(problem)
+        if config["num_threads"] is not None:  # a user's module (the demo's sets its own)
+            torch.set_num_threads(config["num_threads"])
 
     @override
     def instantiate_classes(self) -> None:
@@ -301,6 +296,15 @@ class LitSpikesCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         # Before LightningCLI reads the checkpoint's hyperparameters with a bare
         # torch.load: resolve "latest", and turn a broken file into a clear error.
+        self._resolve_ckpt_path()
+        # The module is known now: its seed and threads, before LightningCLI seeds
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        problem = resolve_module_defaults(config, fitting=subcommand == "fit")
+        if problem is not None:
+            self.parser.error(problem)
+
+    def _resolve_ckpt_path(self) -> None:
         config = self.config.get(self.config.get("subcommand") or "", None)
         path = config.get("ckpt_path") if config is not None else None
         if path in ("best", "hpc", "registry"):
@@ -325,6 +329,8 @@ class LitSpikesCLI(LightningCLI):
         if not path:
             if self.config.get("subcommand") == "fit":
                 self._refuse_mixed_histories(config, None, None, restart=asked == "last")
+                if asked == "last":  # a user's run killed before its first checkpoint
+                    self._from_record("fit", Path(config["trainer"]["default_root_dir"]), None)
             return
         try:  # validate and test need only the weights
             checkpoint = load_checkpoint(
@@ -452,7 +458,11 @@ class LitSpikesCLI(LightningCLI):
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
         subcommand = self.config["subcommand"]
+        self._from_record(subcommand, Path(path).resolve().parent.parent, path)
         saved: dict[str, Any] = {}
+        problem = foreign_checkpoint(self.config[subcommand]["model"], checkpoint, path)
+        if subcommand == "fit" and problem:  # else the module's refusal, files written
+            self.parser.error(problem)
         if is_own(self.config[subcommand]["model"], TinyGPTModule):  # another: as given
             hparams = plain_config(checkpoint.get("hyper_parameters", {}))
             saved |= {f"{MODEL_KEYS}{key}": value for key, value in flat_config(hparams).items()}
@@ -488,6 +498,13 @@ class LitSpikesCLI(LightningCLI):
                 "to change the LR from the resume point on, add an LRScaler callback"
             )
 
+    def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
+        """A user's run's config.yaml as the defaults, the command line parsed on them."""
+        if record := user_run_config(read_record(run_dir)):
+            self._parser(subcommand).set_defaults(record)
+            self.config = self.parser.parse_args(self._args)
+            self.config[subcommand]["ckpt_path"] = path
+
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -517,11 +534,10 @@ class LitSpikesCLI(LightningCLI):
             logger=logger,
         )
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
-        return self._instantiate_trainer(parts.trainer_kwargs, [*callbacks, *own, *parts.callbacks])
-
-
-class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help, with the description's line breaks kept."""
+        added = [*callbacks, *own, *parts.callbacks]
+        if training and adds_exact_resume(config, [*configured, *added]):
+            added = with_exact_resume(added)  # last, where a module's own would come
+        return self._instantiate_trainer(parts.trainer_kwargs, added)
 
 
 def run(args: list[str] | None = None) -> LitSpikesCLI | None:
@@ -574,7 +590,7 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
         parser_kwargs={
             "prog": "lit-spikes",
             "description": DESCRIPTION,
-            "formatter_class": _HelpFormatter,
+            "formatter_class": HelpFormatter,
         }
         if run
         else None,

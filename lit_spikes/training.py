@@ -199,9 +199,10 @@ def standard_run(
     checkpoints) a ``PreemptionCheckpoint``, ``step=<k>.ckpt`` every that many steps and
     (``final_checkpoint``) the last step's; ``ValidateAtEnd`` where the validation
     interval misses the last step; a step progress bar unless ``given`` (the run's own
-    callbacks) has a bar or the bar is off; ``logger`` where ``trainer_kwargs`` has none
-    (None or True); the atomic checkpoint plugin. ``training=False``: only the logger
-    and the plugin. ``trainer_kwargs`` itself is left as it is."""
+    callbacks) has a bar, the bar is off or ``max_steps`` is not set; ``logger`` where
+    ``trainer_kwargs`` has none (None or True); the atomic checkpoint plugin.
+    ``training=False``: only the logger and the plugin. ``trainer_kwargs`` itself is
+    left as it is."""
     # Imported here: the callbacks package imports this module's neighbours.
     from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
     from lit_spikes.callbacks.preemption import PreemptionCheckpoint
@@ -223,7 +224,8 @@ def standard_run(
     interval, steps = kwargs.get("val_check_interval"), kwargs.get("max_steps", -1)
     if training and ValidateAtEnd.needed(interval, steps):
         callbacks.append(ValidateAtEnd())  # the final model's validation
-    if kwargs.get("enable_progress_bar", True) is not False:
+    if kwargs.get("enable_progress_bar", True) is not False and steps is not None and steps > 0:
+        # (a run bounded by epochs or time only: Lightning's own bar, which counts those)
         callbacks = with_step_progress_bar([*given, *callbacks])[len(given) :]
     if logger is not None and kwargs.get("logger") in (None, True):
         kwargs["logger"] = logger
