@@ -225,11 +225,10 @@ def test_check_resume_is_dispatched_with_its_exit_status(
 
 
 def test_fit_help_puts_the_projects_options_first_and_says_what_they_mean_here(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # argparse wraps at the terminal's width (COLUMNS): count lines at a fixed one, as CI's
-    # narrower terminal gave 454 lines where an 80-column one gives under 400.
-    monkeypatch.setenv("COLUMNS", "80")
+    # Lines depend on the terminal's width and on which classes earlier imports registered
+    # (jsonargparse lists every known subclass of a Trainer argument): count the options.
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out
@@ -238,7 +237,8 @@ def test_fit_help_puts_the_projects_options_first_and_says_what_they_mean_here(
         assert out.index(own) < first_trainer, own
     steps_help = " ".join(out[out.index("--trainer.max_steps MAX_STEPS") :].split()[:20])
     assert "where the LR schedule ends" in steps_help and "1000" not in steps_help
-    assert len(out.splitlines()) < 450  # 593 before
+    options = [line for line in out.splitlines() if line.startswith("  -")]
+    assert len(options) < 70, len(options)
 
 
 def test_a_typo_gets_the_lines_that_matter_and_a_suggestion(
