@@ -21,6 +21,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader
 
 from lit_spikes import StepLoader, module
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, _watch
@@ -242,3 +243,27 @@ def test_tiny_gpt_module_adds_no_per_step_read_to_lightnings_own(tmp_path: Path)
     assert extra <= (steps - STEADY) // 50, f"{extra} more host reads in {steps - STEADY} steps"
     shown = gpt.trainer.progress_bar_metrics["train/loss"]
     assert shown == gpt.history[-1]["loss"]  # the last step's loss, as a plain float
+
+
+def test_training_curves_read_the_host_once_per_logging_step(tmp_path: Path) -> None:
+    """``lr`` and ``grad_norm`` of a user's module: one read per ``log_every_n_steps``,
+    none in between (the norm stays on the device until its logging step)."""
+    from lit_spikes.callbacks import TrainingCurves
+
+    mode, steps = HostReads(), STEADY + 100
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=RunLogger(save_dir=str(tmp_path), name="run", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_Steady(mode), TrainingCurves()],
+        log_every_n_steps=50,
+    )
+    with mode:
+        # A plain DataLoader: StepLoader's own reads (its permutation, once an epoch) aside
+        trainer.fit(LoggingRegressor(), train_dataloaders=DataLoader(regression_data(), 8))
+    assert 1 <= mode.count <= (steps - STEADY) // 50, mode.count
+    assert [step for step, _ in tb_scalars(tmp_path / "run")["grad_norm"]] == [49, 99, 149]
