@@ -3,6 +3,7 @@ skip an outlier step's update (OLMo-core), and roll back to a real checkpoint.""
 
 from lit_spikes.callbacks.batch_skipper import BatchSkipper
 from lit_spikes.callbacks.clip import ClipGradients
+from lit_spikes.callbacks.curves import TrainingCurves
 from lit_spikes.callbacks.exact_resume import ExactResume
 from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
 from lit_spikes.callbacks.lr_scaler import LRScaler
@@ -27,4 +28,5 @@ __all__ = [
     "RunDirectoryLock",
     "SkipStep",
     "SpikeDetector",
+    "TrainingCurves",
 ]

@@ -227,7 +227,11 @@ class DemoSetup:
         from lit_spikes.callbacks import SpikeDetector
 
         # Judged every step: the main job plans demo 2's branches as soon as the spike shows.
-        detector = SpikeDetector(min_step=self.optim.warmup_steps, read_every=1)
+        # The demo's own rule, 1.4x the mean of the last 20 steps (configs/ say the same):
+        # its tables were measured with it (the default, robust_z, flags 150-152 there).
+        detector = SpikeDetector(
+            min_step=self.optim.warmup_steps, ratio=1.4, read_every=1, curves={"loss": "train/loss"}
+        )
         changes.setdefault("callbacks", [detector])
         changes.setdefault("val_every", self.val_every)
         return self.branch(

@@ -147,7 +147,8 @@ class BitsPerChar(torchmetrics.Metric):
 class TinyGPTModule(pl.LightningModule):
     """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
 
-    Logs ``train/loss`` (also on the progress bar), ``train/max_logit``, ``lr``,
+    Logs ``train/loss`` (on the progress bar: the latest value read back, updated every
+    50 steps), ``train/max_logit``, ``lr``,
     ``data/position`` and ``grad_norm`` (before any clipping) at every step as
     ``self.log(on_step=True)`` would (the Trainer's ``log_every_n_steps``, every step in
     this project's runs), and ``val/bpc`` whenever the Trainer validates. Each step is
@@ -180,6 +181,9 @@ class TinyGPTModule(pl.LightningModule):
         >>> module = TinyGPTModule(gpt=GPTConfig(n_layer=4), optim=OptimConfig(peak_lr=0.1))
         >>> trainer.fit(module, datamodule=StepDataModule())
     """
+
+    logs_lr_and_grad_norm = True
+    """It logs ``lr`` and ``grad_norm`` itself: ``TrainingCurves`` leaves it alone."""
 
     def __init__(
         self,
@@ -331,10 +335,12 @@ class TinyGPTModule(pl.LightningModule):
 
     def _record(self, loss: torch.Tensor, max_logit: torch.Tensor, position: Any) -> None:
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-        # Here, not at the batch's end: callbacks (a monitor, the progress bar) read
-        # callback_metrics in their on_train_batch_end, which runs before the module's.
-        # To the loggers with the step's other scalars (on_train_batch_end): one call each.
-        self.log(LOGGED_AS["loss"], loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+        # Here, not at the batch's end: callbacks (a monitor) read callback_metrics in their
+        # on_train_batch_end, which runs before the module's. To the loggers with the
+        # step's other scalars (on_train_batch_end): one call each. Not prog_bar: Lightning
+        # turns every progress-bar tensor into a float at every step (a host read); the
+        # bar shows the loss read back with the records instead (_take).
+        self.log(LOGGED_AS["loss"], loss, on_step=True, on_epoch=False, logger=False)
         # The read fills in loss, max_logit and position (in the records' key order).
         record: dict[str, Any] = {
             "step": self.global_step,
@@ -428,10 +434,12 @@ class TinyGPTModule(pl.LightningModule):
     def _take(self, trainer: pl.Trainer | None, rows: list[Row]) -> None:
         """Fill in the records with their values read back (``StepRecords``), list and
         warn of the non-finite steps, and log the logging steps."""
+        shown = None
         for record, kind, values in rows:
             if kind == "scalars":
                 record["loss"], record["max_logit"] = values[0], values[1]
                 record["position"] = int(values[2])
+                shown = values[0]
                 continue
             norm, has_norm, bad_here, bad_loss, bad_norm = values
             if has_norm:
@@ -440,6 +448,10 @@ class TinyGPTModule(pl.LightningModule):
                 self._skip_update(record, "loss" if bad_here else "loss on another rank")
             elif bad_norm:
                 self._skip_update(record, "gradient norm")
+        if trainer is not None and shown is not None:
+            # The latest loss read back, as a plain float: every progress bar shows
+            # trainer.progress_bar_metrics, which keeps a key until the fit's end.
+            trainer.progress_bar_metrics[LOGGED_AS["loss"]] = shown
         if trainer is not None and self._to_log:
             self._log(trainer)
 

@@ -38,7 +38,7 @@ N, K, EVERY = 20, 10, 5
         ({"monitor": ["loss", ""]}, r"give a name or a list of names"),
         ({"window": 1}, r"window=1 must be an integer >= 2"),
         ({"window": 20.5}, r"window=20.5 must be an integer >= 2"),
-        ({"ratio": None, "z_score": None}, r"ratio=None and z_score=None"),
+        ({"robust_z": 0.0}, r"robust_z=0.0 must be a finite number > 0"),
         ({"ratio": 0.9}, r"ratio=0.9 must be a finite number > 1 \(a spike is a rise\)"),
         ({"ratio": float("inf")}, r"ratio=inf must be a finite number > 1"),
         ({"z_score": -1.0}, r"z_score=-1.0 must be a finite number > 0"),
@@ -118,7 +118,7 @@ def test_spike_detector_z_score_mode() -> None:
 
 
 def test_spike_detector_does_not_flag_a_smooth_run(tmp_path: Path) -> None:
-    detector = SpikeDetector()
+    detector = SpikeDetector(ratio=1.4)  # the demo's rule: the strictest
     fit(tmp_path, "smooth", 40, callbacks=[detector], optim=replace(TINY_OPTIM, max_steps=40))
     assert list(detector.spikes) == []
 
@@ -391,7 +391,7 @@ def test_rollback_restore_resumes_from_the_chosen_checkpoint(tmp_path: Path) -> 
 
 
 def test_detector_state_key_follows_its_settings() -> None:
-    detector = SpikeDetector(window=20)
+    detector = SpikeDetector(window=20, ratio=1.4)
     expected = detector._generate_state_key(
         monitor=("loss",),
         window=20,

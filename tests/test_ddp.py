@@ -261,7 +261,7 @@ def test_every_watched_value_of_every_callback_is_gathered_once_a_step() -> None
     from lit_spikes.callbacks import SkipStep
     from lit_spikes.callbacks._watch import note_loss, step_values
 
-    detector = SpikeDetector(monitor=["loss", "train/max_logit"], warmup=0, reduce="max")
+    detector = SpikeDetector(monitor=["loss", "train/max_logit"], warmup=0, ratio=1.4, reduce="max")
     skip = SkipStep(monitor="grad_norm")
     nan = math.nan
     # names gathered in the order of the callbacks: loss, train/max_logit, grad_norm

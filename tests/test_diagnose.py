@@ -32,7 +32,7 @@ OPTIM = replace(TINY_OPTIM, max_steps=N)
 def original_run(root: Path, name: str, data: DataConfig, callbacks: list[Callback]) -> list[int]:
     """The run to diagnose: a spike detector, checkpoints every 10 steps, TensorBoard
     (where ``diagnose`` reads the original loss). Returns the flagged steps."""
-    detector = SpikeDetector(min_step=4)
+    detector = SpikeDetector(min_step=4, ratio=1.4)
     fit(
         root, name, N, optim=OPTIM, data=data, callbacks=[detector, *callbacks], checkpoint_every=10
     )
@@ -124,7 +124,7 @@ def test_a_spike_past_the_schedules_end_is_diagnosed(tmp_path: Path) -> None:
     """recover may train on past the LR schedule's end (at its floor): a spike there was
     refused as 'after the run's end'."""
     data = replace(TINY_DATA, poison=(35,))
-    detector = SpikeDetector(min_step=4)
+    detector = SpikeDetector(min_step=4, ratio=1.4)
     short = replace(OPTIM, max_steps=30)
     fit(tmp_path, "past", N, optim=short, data=data, callbacks=[detector], checkpoint_every=10)
     assert 35 in [s["step"] for s in detector.spikes]

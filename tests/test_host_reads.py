@@ -21,10 +21,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader
 
 from lit_spikes import StepLoader, module
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, _watch
 from lit_spikes.data import StepDataModule
+from lit_spikes.model import TinyGPT
 from lit_spikes.module import TinyGPTModule
 from lit_spikes.tb import RunLogger
 from tests.conftest import REPO, TINY_DATA, TINY_GPT, TINY_OPTIM, tb_scalars
@@ -44,14 +46,15 @@ STEPS, STEADY = 250, 50
 
 
 class HostReads(TorchFunctionMode):
-    """Counts host reads of tensors made while the project's code is on the stack."""
+    """Counts host reads of tensors made while the project's code is on the stack (or
+    anywhere: ``everywhere``, Lightning's too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, everywhere: bool = False) -> None:
         super().__init__()
-        self.count, self.counting = 0, False
+        self.count, self.counting, self.everywhere = 0, False, everywhere
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.counting and func in READS and _from_our_code():
+        if self.counting and func in READS and (self.everywhere or _from_our_code()):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -189,3 +192,78 @@ def test_the_device_guard_drops_a_non_finite_update_as_the_host_guard_does(
     for index, entry in state.items():
         for name, value in entry.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(state_d[index][name])), name
+
+
+class MinimalGPT(pl.LightningModule):
+    """The same model, trained by the least a user would write: no logging at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = TinyGPT(TINY_GPT)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.model(batch["x"], batch["y"]).loss
+        assert loss is not None
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def all_reads(tmp_path: Path, module: pl.LightningModule, steps: int) -> int:
+    """Every host read (Lightning's too) over the steady steps of a plain Trainer."""
+    mode = HostReads(everywhere=True)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_Steady(mode)],
+        limit_val_batches=0,
+    )
+    with mode:
+        trainer.fit(module, datamodule=StepDataModule(TINY_DATA))
+    return mode.count
+
+
+@pytest.mark.slow
+def test_tiny_gpt_module_adds_no_per_step_read_to_lightnings_own(tmp_path: Path) -> None:
+    """Counted everywhere, against a minimal module on the same model: Lightning turns every
+    progress-bar tensor into a float at every step, so the module's loss reaches the bar
+    as the float read back with its records (every 50 steps), not as a logged tensor."""
+    steps = STEADY + 100
+    gpt = TinyGPTModule(gpt=TINY_GPT, optim=replace(TINY_OPTIM, max_steps=steps))
+    gpt.nonfinite_guard = "device"  # as on an accelerator ("auto" reads on a CPU)
+    extra = all_reads(tmp_path / "gpt", gpt, steps)
+    extra -= all_reads(tmp_path / "minimal", MinimalGPT(), steps)
+    assert extra <= (steps - STEADY) // 50, f"{extra} more host reads in {steps - STEADY} steps"
+    shown = gpt.trainer.progress_bar_metrics["train/loss"]
+    assert shown == gpt.history[-1]["loss"]  # the last step's loss, as a plain float
+
+
+def test_training_curves_read_the_host_once_per_logging_step(tmp_path: Path) -> None:
+    """``lr`` and ``grad_norm`` of a user's module: one read per ``log_every_n_steps``,
+    none in between (the norm stays on the device until its logging step)."""
+    from lit_spikes.callbacks import TrainingCurves
+
+    mode, steps = HostReads(), STEADY + 100
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=RunLogger(save_dir=str(tmp_path), name="run", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_Steady(mode), TrainingCurves()],
+        log_every_n_steps=50,
+    )
+    with mode:
+        # A plain DataLoader: StepLoader's own reads (its permutation, once an epoch) aside
+        trainer.fit(LoggingRegressor(), train_dataloaders=DataLoader(regression_data(), 8))
+    assert 1 <= mode.count <= (steps - STEADY) // 50, mode.count
+    assert [step for step, _ in tb_scalars(tmp_path / "run")["grad_norm"]] == [49, 99, 149]

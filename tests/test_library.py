@@ -335,7 +335,7 @@ def test_the_detector_state_round_trips_through_a_ckpt(tmp_path: Path) -> None:
 
 
 def test_the_detector_state_is_bounded_however_long_the_run() -> None:
-    detector = SpikeDetector(window=20, warmup=5, max_records=50)
+    detector = SpikeDetector(window=20, warmup=5, ratio=1.4, max_records=50)
 
     def size() -> int:
         state = detector.state_dict()

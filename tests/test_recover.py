@@ -445,7 +445,7 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
     assert [r["step"] for r in lineage] == list(range(N))
     positions = [int(r["position"]) for r in lineage]
     assert not set(positions) & {*POISON, *range(26, 32), *range(45, 51)}
-    detector = SpikeDetector(min_step=4)
+    detector = SpikeDetector(min_step=4, ratio=1.4)
     for record in lineage:
         detector.check(int(record["step"]), record)
     assert list(detector.spikes) == []  # a deque

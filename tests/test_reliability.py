@@ -281,7 +281,7 @@ def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Pat
     from lit_spikes.training import RunSpec
 
     with pytest.raises(ValueError, match=r"trainer_kwargs\['callbacks'\].*RunSpec\(callbacks="):
-        RunSpec(tmp_path, "run", 4, trainer_kwargs={"callbacks": [SpikeDetector()]})
+        RunSpec(tmp_path, "run", 4, trainer_kwargs={"callbacks": [SpikeDetector(ratio=1.4)]})
 
 
 def test_a_failed_cleanup_after_the_lock_is_taken_releases_it(
@@ -464,7 +464,7 @@ def test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_targe
     from lit_spikes.training import RunSpec
     from tests.conftest import NaNLossModule
 
-    detector = SpikeDetector()
+    detector = SpikeDetector(ratio=1.4)
     module = NaNLossModule(gpt=TINY_GPT, optim=TINY_OPTIM, nan_step=12)
     seen: dict[int, dict[str, torch.Tensor]] = {}
 

@@ -161,3 +161,39 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
     purging.rename(tmp_path / "events.out.tfevents.9999999999.zz.1.9")  # sorts after any
     write_hparams(tmp_path, {"row": "resumed"}, 1.25, step=39)
     assert tb_scalars(tmp_path)[HPARAM_METRIC] == [(39, 1.25)]
+
+
+def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: Path) -> None:
+    """A user's regression with an 8x LR for 2 steps at step 112: the default rule flags
+    the jump and no healthy step; each spike is a point of the sibling run ``spikes`` under
+    the curve's own tag (one chart in TensorBoard's Scalars view); ``TrainingCurves`` logs
+    ``lr`` and ``grad_norm`` at Lightning's logging steps only."""
+    from lit_spikes.callbacks import SpikeDetector
+    from lit_spikes.callbacks.curves import TrainingCurves
+    from tests.spiky_modules import JumpRegressor, StepRegressionData
+
+    detector = SpikeDetector()  # the module logs its loss as "loss": that curve's chart
+    trainer = pl.Trainer(
+        max_steps=130,
+        accelerator="cpu",
+        logger=RunLogger(save_dir=str(tmp_path), name="run", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[detector, TrainingCurves()],
+        log_every_n_steps=10,
+    )
+    module = JumpRegressor(jump_step=112, jump=8.0, jump_length=2)
+    trainer.fit(module, datamodule=StepRegressionData())
+    spikes = [(s["step"], s["value"]) for s in detector.spikes]
+    assert spikes and all(112 <= step < 125 for step, _ in spikes), spikes
+    marks = tb_scalars(tmp_path / "run" / "spikes")
+    assert list(marks) == ["loss"]
+    assert marks["loss"] == [(step, float(np.float32(value))) for step, value in spikes]
+    scalars = tb_scalars(tmp_path / "run")
+    logging_steps = list(range(9, 130, 10))
+    assert [step for step, _ in scalars["lr"]] == logging_steps
+    assert [step for step, _ in scalars["grad_norm"]] == logging_steps
+    assert [v for _, v in scalars["lr"]] == [
+        float(np.float32(0.1 * module.factor(s))) for s in logging_steps
+    ]

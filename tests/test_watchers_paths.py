@@ -174,7 +174,7 @@ def test_strict_refuses_a_key_not_logged_this_step_naming_it_and_the_step(
     watcher: str,
 ) -> None:
     callback: Callback = (
-        SpikeDetector(monitor="sparse", window=3, warmup=2)
+        SpikeDetector(monitor="sparse", window=3, warmup=2, ratio=1.4)
         if watcher == "detector"
         else SkipStep(monitor="sparse", window=4, warmup=2)
     )
@@ -206,7 +206,7 @@ def test_a_window_without_spread_makes_no_finite_value_an_outlier() -> None:
 def test_a_key_logged_only_in_validation_is_refused_or_never_judged(watcher: str) -> None:
     def make(strict: bool) -> Any:
         if watcher == "detector":
-            return SpikeDetector(monitor="val_loss", window=3, warmup=2, strict=strict)
+            return SpikeDetector(monitor="val_loss", window=3, warmup=2, ratio=1.4, strict=strict)
         return SkipStep(monitor="val_loss", window=4, warmup=2, strict=strict)
 
     validating = {"val_check_interval": 10, "limit_val_batches": 2}
@@ -245,7 +245,7 @@ def test_an_accumulated_steps_loss_is_the_mean_of_its_micro_batches() -> None:
     watchers there are."""
     module = Regressor()
     skip = SkipStep(window=8, warmup=8)
-    detector = SpikeDetector(window=8, warmup=8)
+    detector = SpikeDetector(window=8, warmup=8, ratio=1.4)
     _fit(module, [detector, skip], 6, accumulate_grad_batches=2)
     losses = module.losses
     means = [(a + b) / 2 for a, b in zip(losses[::2], losses[1::2], strict=True)]
