@@ -60,14 +60,14 @@ from lit_spikes.data import StepDataModule, check_shard, flat_config, plain_conf
 from lit_spikes.fit_defaults import (
     add_fit_options,
     add_seed_option,
-    adds_exact_resume,
     foreign_checkpoint,
     read_record,
     resolve_module_defaults,
+    training_callbacks,
     user_run_config,
 )
 from lit_spikes.module import TinyGPTModule
-from lit_spikes.resume_callbacks import entries_to_resume, keys_of, with_exact_resume
+from lit_spikes.resume_callbacks import entries_to_resume, keys_of
 from lit_spikes.setup_checks import check_training_setup
 from lit_spikes.tb import RunLogger
 from lit_spikes.training import (
@@ -535,8 +535,8 @@ class LitSpikesCLI(LightningCLI):
         )
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
         added = [*callbacks, *own, *parts.callbacks]
-        if training and adds_exact_resume(config, [*configured, *added]):
-            added = with_exact_resume(added)  # last, where a module's own would come
+        if training:
+            added = training_callbacks(config, added, configured)
         return self._instantiate_trainer(parts.trainer_kwargs, added)
 
 

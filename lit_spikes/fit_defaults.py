@@ -124,6 +124,19 @@ def adds_exact_resume(config: Any, configured: list[Any]) -> bool:
     return not any(isinstance(c, ExactResume) for c in configured)
 
 
+def training_callbacks(config: Any, added: list[Any], configured: list[Any]) -> list[Any]:
+    """The callbacks ``fit`` adds to the ``configured`` ones when it trains: ``added``,
+    a ``TrainingCurves`` (``lr`` and ``grad_norm`` in TensorBoard for any module) unless
+    one is there, and last an ``ExactResume`` where ``adds_exact_resume`` says so (last,
+    where a module's own would come)."""
+    from lit_spikes.callbacks import TrainingCurves
+    from lit_spikes.resume_callbacks import with_exact_resume
+
+    if not any(isinstance(c, TrainingCurves) for c in [*configured, *added]):
+        added = [*added, TrainingCurves()]
+    return with_exact_resume(added) if adds_exact_resume(config, [*configured, *added]) else added
+
+
 def record_path(ckpt_path: Path) -> Path:
     """The run's record of a ``<run>/checkpoints/step=<k>.ckpt``: ``<run>/config.yaml``."""
     return ckpt_path.resolve().parent.parent / RECORD_NAME

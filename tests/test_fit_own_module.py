@@ -6,6 +6,7 @@ out. The decisions themselves (``lit_spikes.fit_defaults``) are tested as functi
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from lit_spikes.fit_defaults import (
     user_run_config,
 )
 from lit_spikes.progress import StepProgressBar
-from tests.conftest import load_ckpt
+from tests.conftest import load_ckpt, tb_scalars
 
 NET, OWN_EXACT, DATA = (f"tests.fit_modules.{n}" for n in ("DropoutNet", "OwnExactNet", "StepData"))
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -212,3 +213,11 @@ def test_a_users_record_gives_model_data_length_and_numerics() -> None:
     own = {"model": {"class_path": "lit_spikes.module.TinyGPTModule"}, "trainer": {}}
     assert user_run_config(own, "lit_spikes.module.TinyGPTModule") == {}
     assert user_run_config({}, "lit_spikes.module.TinyGPTModule") == {}
+
+
+def test_fit_shows_lr_and_grad_norm_for_a_users_module(uninterrupted: Path) -> None:
+    # The module logs neither: fit's TrainingCurves draws both at Lightning's logging steps.
+    scalars = tb_scalars(uninterrupted)
+    for tag in ("lr", "grad_norm"):
+        assert scalars.get(tag), f"no {tag!r} curve in {sorted(scalars)}"
+        assert all(math.isfinite(value) and value > 0 for _, value in scalars[tag]), tag
