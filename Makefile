@@ -29,9 +29,9 @@ demo: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/python scripts/main_job.py --figures_dir docs/figures
 
-# The suite on one worker per core of CI's machine (pytest-xdist; WORKERS=0: in this process,
-# WORKERS=auto: one per core here). The tests sharing a module's trained run go to one worker (tests/conftest.py's
-# groups), and the slow ones first, in the order collected.
+# The suite on one worker per core of CI's machine (pytest-xdist; WORKERS=0: in this
+# process, WORKERS=auto: one per core here). The tests sharing a module's trained run go to
+# one worker (tests/conftest.py's groups), and the slow ones first, in the order collected.
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
