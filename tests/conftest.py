@@ -213,6 +213,13 @@ def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One tiny run to step 20 with checkpoints every 5 steps, trained once a session for
+    the tests that only resume from (or refuse) its files: read it, write elsewhere."""
+    return fit(tmp_path_factory.mktemp("tiny_reference"), "reference", 20, checkpoint_every=5)
+
+
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     """The tiny configs, for tests that vary one field with ``dataclasses.replace``."""
