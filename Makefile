@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test lint bench gpu-check mutations tensorboard clean
+.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean
 
 install: $(STAMP)
 
@@ -29,11 +29,21 @@ demo: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/python scripts/main_job.py --figures_dir docs/figures
 
+# The suite on one worker per core of CI's machine (pytest-xdist; WORKERS=0: in this
+# process, WORKERS=auto: one per core here). The tests sharing a module's trained run go to
+# one worker (tests/conftest.py's groups), and the slow ones first, in the order collected.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
+
+# The inner loop: all but the end-to-end runs marked slow (which `make test` and CI run).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

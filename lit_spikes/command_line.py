@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from typing import Any, NoReturn
 
@@ -17,8 +19,20 @@ import jsonargparse
 from jsonargparse import ArgumentParser, Namespace
 from typing_extensions import override
 
-# Field docstrings (a string under the field, as the configs write them) become the help.
-jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+@contextmanager
+def _attribute_docstrings() -> Iterator[None]:
+    """Field docstrings (a string under the field, as the configs write them) become the
+    help, while a command parser is built or parses. jsonargparse's setting is global and
+    costs every other parser a parse of its classes' source (LightningCLI's of the whole
+    Trainer, about a second a ``lit-spikes fit`` in a process that imported this), so it
+    goes back to jsonargparse's default after."""
+    jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    try:
+        yield
+    finally:
+        jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=False)
+
 
 _UNKNOWN = re.compile(r"(?:unrecognized arguments|Unrecognized arguments): (.*)")
 
@@ -30,6 +44,22 @@ class CommandParser(ArgumentParser):
 
     command = "lit-spikes"
     """The command's name in its errors (nested parsers of ``--model`` share it)."""
+
+    @override
+    def add_class_arguments(self, *args: Any, **kwargs: Any) -> Any:
+        with _attribute_docstrings():
+            return super().add_class_arguments(*args, **kwargs)
+
+    @override
+    def add_subclass_arguments(self, *args: Any, **kwargs: Any) -> Any:
+        with _attribute_docstrings():
+            return super().add_subclass_arguments(*args, **kwargs)
+
+    @override
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:
+        # a class path's options (--model.init_args.NAME, --model.help) are added here
+        with _attribute_docstrings():
+            return super().parse_args(*args, **kwargs)
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:

@@ -4,6 +4,7 @@ well under a second per run, with the same code path as the demos."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.callbacks.run_lock import RunDirectoryLock
+from lit_spikes.callbacks.run_lock import LOCK_NAME, RunDirectoryLock
 from lit_spikes.checkpoints import CheckpointError, checkpoint_step
 from lit_spikes.data import DataConfig, StepDataModule
 from lit_spikes.model import GPTConfig
@@ -119,6 +120,27 @@ def fit(
 
 REPO = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One worker per core (make test): two threads each would fight over the cores.
+    torch.set_num_threads(1)
+
+
+SHARED_RUNS = {"reference", "main_job", "uninterrupted"}
+"""Module-scoped fixtures that train a run their module's tests share: under xdist those
+tests go to one worker (``--dist loadgroup``), which trains the run once."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files' own order, each module's runs trained once
+    for item in items:
+        for name in SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(f"{item.nodeid.split('::')[0]}:{name}"))
+    # The slow end-to-end tests first: the workers take them at the start and share the
+    # short ones at the end, instead of one worker ending on a minutes-long test.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
 
 def ddp_env() -> dict[str, str]:
     """Environment for a test that launches DDP processes itself (``training.ddp_env``)."""
@@ -191,6 +213,13 @@ def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One tiny run to step 20 with checkpoints every 5 steps, trained once a session for
+    the tests that only resume from (or refuse) its files: read it, write elsewhere."""
+    return fit(tmp_path_factory.mktemp("tiny_reference"), "reference", 20, checkpoint_every=5)
+
+
 @pytest.fixture
 def tiny() -> dict[str, Any]:
     """The tiny configs, for tests that vary one field with ``dataclasses.replace``."""
@@ -241,11 +270,29 @@ def directory_holder() -> Iterator[Callable[[Path], Any]]:
         holder.join()
 
 
+_LOCK_PROBE = """
+import sys
+from pathlib import Path
+from filelock import FileLock, Timeout
+path = Path(sys.argv[1]).resolve() / sys.argv[2]
+path.parent.mkdir(parents=True, exist_ok=True)
+try:
+    FileLock(path, timeout=0, thread_local=False).acquire()
+except Timeout:
+    sys.exit(3)
+"""
+
+
 def lock_probe(directory: Path) -> str:
-    """What another process gets when it tries to lock ``directory``."""
-    code = "from lit_spikes.callbacks import RunDirectoryLock; "
-    code += f"RunDirectoryLock({str(directory)!r}).acquire()"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    if "RunDirectoryBusy" in done.stderr:
+    """What another process gets when it tries to lock ``directory``: the lock
+    ``RunDirectoryLock`` takes (a ``FileLock`` on the resolved path, no waiting), from a
+    Python that imports only filelock (torch and Lightning would take seconds a probe)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOCK_PROBE, str(directory), LOCK_NAME],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode == 3:
         return "busy"
     return "free" if done.returncode == 0 else done.stderr

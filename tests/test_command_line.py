@@ -55,6 +55,18 @@ def test_help_lists_every_field_with_its_docstring(capsys: pytest.CaptureFixture
     assert "--inner.ratio" in text and "How much above the mean." in text
 
 
+def test_other_parsers_of_the_process_read_no_attribute_docstrings() -> None:
+    """jsonargparse's setting is global: left on, every LightningCLI of a process that
+    built a command parser (the test suite) parsed the Trainer's source, a second a call."""
+    from jsonargparse import ArgumentParser
+
+    _parse([])
+    other = ArgumentParser()
+    other.add_class_arguments(Settings, nested_key=None)
+    assert "--checkpoint_every" in other.format_help()
+    assert "Write a checkpoint every" not in other.format_help()
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -17,7 +17,15 @@ from lit_spikes.ablations import ForgetOptimizerState, ForgetRNGState
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.data import StepDataModule
 from lit_spikes.training import RunSpec, checkpoint_path
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, fit, load_ckpt
+from tests.conftest import (
+    TINY_DATA,
+    TINY_GPT,
+    TINY_OPTIM,
+    Run,
+    assert_states_equal,
+    fit,
+    load_ckpt,
+)
 
 N, K, EVERY = 20, 10, 5
 
@@ -68,12 +76,12 @@ def test_resume_at_step_off_every_interval(tmp_path: Path) -> None:
 
 
 def test_checkpoints_leave_the_causal_mask_out_and_older_ones_holding_it_still_resume(
-    tmp_path: Path,
+    tmp_path: Path, tiny_reference: Run
 ) -> None:
     """The mask is derived from block_size: bloat in every file, ignored where found."""
     from lit_spikes.checkpoints import atomic_torch_save
 
-    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+    reference = tiny_reference
     saved = load_ckpt(checkpoint_path(reference.spec.run_dir, K))
     assert not [key for key in saved["state_dict"] if "mask" in key]
     causal = torch.tril(torch.ones(TINY_GPT.block_size, TINY_GPT.block_size, dtype=torch.bool))
@@ -89,8 +97,8 @@ def test_checkpoints_leave_the_causal_mask_out_and_older_ones_holding_it_still_r
     )
 
 
-def test_resume_in_a_new_process_through_the_cli(tmp_path: Path) -> None:
-    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+def test_resume_in_a_new_process_through_the_cli(tmp_path: Path, tiny_reference: Run) -> None:
+    reference = tiny_reference
     config = {
         "model": {
             "gpt": TINY_GPT.to_dict(),
@@ -136,8 +144,8 @@ def _differs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_fresh_optimizer_changes_the_weights(tmp_path: Path) -> None:
-    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+def test_fresh_optimizer_changes_the_weights(tmp_path: Path, tiny_reference: Run) -> None:
+    reference = tiny_reference
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     fresh = fit(
         tmp_path,
@@ -153,8 +161,8 @@ def test_fresh_optimizer_changes_the_weights(tmp_path: Path) -> None:
     assert fresh.losses[K + 1] != reference.losses[K + 1]
 
 
-def test_other_data_seed_changes_the_weights(tmp_path: Path) -> None:
-    reference = fit(tmp_path, "reference", N, checkpoint_every=EVERY)
+def test_other_data_seed_changes_the_weights(tmp_path: Path, tiny_reference: Run) -> None:
+    reference = tiny_reference
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     with pytest.warns(UserWarning, match="data seed 3"):
         other = fit(
@@ -283,8 +291,10 @@ def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
     assert [r["loss"] for r in plain.history] == [r["loss"] for r in run.module.history]
 
 
-def test_different_model_config_is_refused_before_any_step(tmp_path: Path) -> None:
-    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+def test_different_model_config_is_refused_before_any_step(
+    tmp_path: Path, tiny_reference: Run
+) -> None:
+    reference = tiny_reference
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     with pytest.raises(ValueError, match=r"d_model: checkpoint 16, now 32"):
         fit(tmp_path, "wider", N, ckpt_path=ckpt, gpt=replace(TINY_GPT, d_model=32))
@@ -299,11 +309,11 @@ def test_different_model_config_is_refused_before_any_step(tmp_path: Path) -> No
     ],
 )
 def test_different_optimizer_config_is_refused_before_any_step(
-    tmp_path: Path, change: dict[str, Any], message: str
+    tmp_path: Path, tiny_reference: Run, change: dict[str, Any], message: str
 ) -> None:
     """A resume restores AdamW's and the schedule's settings from the file: another
     config would be silently overridden, and the run would not be the one asked for."""
-    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+    reference = tiny_reference
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     with pytest.raises(ValueError, match=message + r".*LRScaler"):
         fit(tmp_path, "other", N, ckpt_path=ckpt, optim=replace(TINY_OPTIM, **change))
@@ -369,8 +379,8 @@ def test_flush_denormal_enabled_reads_the_thread_state() -> None:
         set_flush_denormal(before)
 
 
-def test_skip_before_resume_point_is_refused(tmp_path: Path) -> None:
-    reference = fit(tmp_path, "reference", K, checkpoint_every=EVERY)
+def test_skip_before_resume_point_is_refused(tmp_path: Path, tiny_reference: Run) -> None:
+    reference = tiny_reference
     ckpt = checkpoint_path(reference.spec.run_dir, K)
     with pytest.raises(ValueError, match=r"skip positions \[4\] lie before data position 10"):
         fit(tmp_path, "bad", N, ckpt_path=ckpt, data=replace(TINY_DATA, skip=(4, 12)))
