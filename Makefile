@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test lint bench gpu-check mutations tensorboard clean
+.PHONY: install demo figures test lint bench gpu-check mutations tensorboard clean study
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ demo: $(STAMP)
 # at step 150), and the figures must match the tables beside them.
 figures: $(STAMP)
 	$(BIN)/python scripts/main_job.py --figures_dir docs/figures
+
+# The demos' experiment over 12 seeds, the LR sweep and the early-warning leads
+# (docs/study.md): runs/study/report.md. A rerun continues a stopped study;
+# `make study STUDY_ARGS=--quick` is the small preset CI runs.
+study: $(STAMP)
+	$(BIN)/python -m lit_spikes.cli study $(STUDY_ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
