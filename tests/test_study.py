@@ -188,6 +188,10 @@ def test_quick_study_end_to_end_and_a_rerun_computes_only_what_is_unfinished(
     (root / victim / "leftover.tmp").write_text("half a run")
     before = {n: (root / n / RESULT).read_bytes() for n in cells if n != victim}
     report = (root / "findings.csv").read_text()
+    # An interim report counts only what is done, and computes nothing.
+    interim = main(["--quick", "--log_root", str(root), "--report_only"])
+    assert interim.computed == [] and not (root / victim / RESULT).exists()
+    assert _findings_csv(root)["scale_lr_better"][1] == seeds - 1
     second = main(["--quick", "--log_root", str(root), "--workers", "1"])
     assert second.computed == [victim]
     assert {n: (root / n / RESULT).read_bytes() for n in before} == before
@@ -196,3 +200,16 @@ def test_quick_study_end_to_end_and_a_rerun_computes_only_what_is_unfinished(
     assert again["history"] == cells[victim]["history"]
     assert again["val_bpc"] == cells[victim]["val_bpc"]
     assert (root / "findings.csv").read_text() == report
+
+
+def test_lit_spikes_study_is_a_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lit_spikes.cli import main as lit_spikes
+
+    with pytest.raises(SystemExit) as exit_info:
+        lit_spikes(["--help"])
+    assert "\n  study " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        lit_spikes(["study", "--log_root", str(tmp_path / "s"), "--sweep.peak_lrs", "[]"])
+    assert exit_info.value.code == 2
+    assert "sweep.peak_lrs=[] must be positive LRs" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

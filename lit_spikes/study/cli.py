@@ -14,6 +14,7 @@ from lit_spikes.study.runner import (
     StudyInterrupted,
     StudyRun,
     check_log_root,
+    done_cells,
     run_study,
 )
 
@@ -43,9 +44,14 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = command_parser(PROG, DESCRIPTION, StudyConfig)
     parser.add_argument("--quick", action="store_true", help="the small preset (CI's)")
+    parser.add_argument(
+        "--report_only",
+        action="store_true",
+        help="write the report from the cells done so far and compute nothing",
+    )
     if "--quick" in args:
         parser.set_defaults(_flat(QUICK))  # the preset first: other options override it
-    config, _ = parse_config(parser, StudyConfig, args)
+    config, parsed = parse_config(parser, StudyConfig, args)
     from lit_spikes.training import unwritable_directory
 
     why = unwritable_directory(Path(config.log_root))
@@ -55,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
         check_log_root(config)
     except AnotherStudy as error:
         parser.error(str(error))
+    if parsed.report_only:
+        run = done_cells(config)
+        finish(config, run)
+        return run
     from lit_spikes.demos import usable_cores
 
     workers = config.workers or usable_cores()
@@ -77,16 +87,18 @@ def finish(config: StudyConfig, run: StudyRun) -> None:
     directories = [config.log_root] + ([Path(config.figures_dir)] if config.figures_dir else [])
     sweep = [r for r in run.results.values() if r["kind"] == "sweep"]
     paths += write_figures(report.seeds, sweep, directories)
-    for finding in report.findings:
+    for finding in [f for f in report.findings if f.n]:
         print(f"- {finding.sentence()}")
     for line in report.sweep_lines:
         print(f"- sweep: {line}")
     cells = len(run.results)
-    rate = len(run.computed) / (run.wall_s / 60) if run.wall_s > 0 else float("nan")
-    print(
-        f"{cells} cells ({len(run.computed)} computed in {run.wall_s / 60:.1f} min, "
-        f"{rate:.1f} cells/min, {run.workers} workers); report: {', '.join(map(str, paths))}"
-    )
+    if run.computed:
+        rate = len(run.computed) / (run.wall_s / 60)
+        print(
+            f"{cells} cells ({len(run.computed)} computed in {run.wall_s / 60:.1f} min, "
+            f"{rate:.1f} cells/min, {run.workers} workers)"
+        )
+    print(f"report: {', '.join(map(str, paths))}")
 
 
 if __name__ == "__main__":

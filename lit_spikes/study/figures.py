@@ -81,12 +81,15 @@ def write_figures(
         ax.set_xscale("log")
         ax.set_xlabel("peak LR")
         ax.set_ylabel(what)
-    logit_axis.set_yscale("log")
-    loss_axis.legend(fontsize=8)
-    sweep.tight_layout()
+    figures = [(outcomes, OUTCOMES)]
+    if sweep_cells:  # none yet in an interim report
+        logit_axis.set_yscale("log")
+        loss_axis.legend(fontsize=8)
+        sweep.tight_layout()
+        figures.append((sweep, SWEEP))
     for directory in directories:
         directory.mkdir(parents=True, exist_ok=True)
-        for figure, name in ((outcomes, OUTCOMES), (sweep, SWEEP)):
+        for figure, name in figures:
             figure.savefig(directory / name, dpi=110)
             written.append(directory / name)
     plt.close(outcomes)

@@ -91,11 +91,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: float | None) -> str:
     n = len(report.seeds)
-    took = f", {wall_s / 60:.1f} min" if wall_s is not None else ""
+    took = f", {wall_s / 60:.1f} min" if wall_s else ""
     lines = [
         "# lit-spikes study",
         "",
-        f"{n} seeds (model seeds {config.model_seeds}, data seeds {config.data_seeds}), "
+        f"{n} of {len(config.seeds)} seeds done (model seeds {config.model_seeds}, data seeds "
+        f"{config.data_seeds}), "
         f"{config.steps} steps each, peak LR {config.peak_lr:g}; {cells} cells on "
         f"{machine()}{took}. One run's exact numbers differ from one CPU to another; these "
         "frequencies are what a single run is one draw of.",
@@ -106,9 +107,9 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
     rows = []
     for f in report.findings:
         lo, hi = f.interval
-        rows.append([f.text, f"{f.holds} of {f.n}", f"{lo:.2f}-{hi:.2f}"])
+        rows.append([f.text, f"{f.holds} of {f.n}", f"{lo:.2f}-{hi:.2f}" if f.n else "-"])
     lines += _table(["finding", "seeds", "95% Wilson interval"], rows)
-    lines += ["", *(f"- {f.sentence()}" for f in report.findings), ""]
+    lines += ["", *(f"- {f.sentence()}" for f in report.findings if f.n), ""]
     lines += ["## Each seed: val bits/char at the end", ""]
     header = [
         "seed",

@@ -160,6 +160,23 @@ def _signals_stop() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def done_cells(config: StudyConfig) -> StudyRun:
+    """The results of the cells done so far, computing nothing (an interim report of a
+    study still running, or stopped): a seed's later cells only where its reference is
+    done."""
+    run = StudyRun({})
+    known = first_cells(config)
+    while known:
+        cell = known.pop(0)
+        result = read_result(config.log_root, cell)
+        if result is None or result.get("fingerprint") != config.fingerprint():
+            continue
+        run.results[cell.name] = result
+        if cell.kind == "reference":
+            known += seed_cells(config, result)
+    return run
+
+
 def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> StudyRun:
     """Compute every cell of ``config`` not done yet, ``workers`` at a time, and return
     all their results (with ``workers`` 1: here, one after the other).
