@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean
+.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean study
 
 install: $(STAMP)
 
@@ -44,6 +44,12 @@ test: $(STAMP)
 # The inner loop: all but the end-to-end runs marked slow (which `make test` and CI run).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
+
+# The demos' experiment over 12 seeds, the LR sweep and the early-warning leads
+# (docs/study.md): runs/study/report.md. A rerun continues a stopped study;
+# `make study STUDY_ARGS=--quick` is the small preset CI runs.
+study: $(STAMP)
+	$(BIN)/python -m lit_spikes.cli study $(STUDY_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

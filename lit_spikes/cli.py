@@ -43,12 +43,15 @@ Commands:
   diagnose      replay a spike from a checkpoint: data-caused, state-caused or not
                 reproducible (lit-spikes diagnose --help)
   check-resume  does a LightningModule resume bit for bit, and if not, what breaks it
-                (lit-spikes check-resume --help)"""
+                (lit-spikes check-resume --help)
+  study         the demos' experiment over many seeds, an LR sweep, each finding's
+                frequency with an interval (lit-spikes study --help)"""
 
 COMMANDS = {
     "recover": "lit_spikes.recover",
     "diagnose": "lit_spikes.diagnose",
     "check-resume": "lit_spikes.check_resume",
+    "study": "lit_spikes.study.cli",
 }
 """Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
 
