@@ -142,6 +142,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+_LEFT_RUNNING: dict[int, str] = {}
+"""multiprocessing children alive after a test, by pid: the test that left each."""
+
+
+@pytest.fixture(autouse=True)
+def _note_children_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    for child in multiprocessing.active_children():
+        _LEFT_RUNNING.setdefault(child.pid or 0, request.node.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A pool worker left alive keeps the interpreter from exiting after the summary (CI ran
+    # into its time limit so): end it, and name the test that left it.
+    for child in multiprocessing.active_children():
+        print(
+            f"\nconftest: ended {child.name} (pid {child.pid}), alive since "
+            f"{_LEFT_RUNNING.get(child.pid or 0, 'the session start')}",
+            file=sys.stderr,
+        )
+        child.kill()
+        child.join(5)
+
+
 def ddp_env() -> dict[str, str]:
     """Environment for a test that launches DDP processes itself (``training.ddp_env``)."""
     return training_ddp_env(REPO)
