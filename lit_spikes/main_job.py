@@ -241,6 +241,13 @@ def _signals_stop_the_job(signums: tuple[int, ...]) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+ONE_RUN_NOTE = (
+    "These tables are one run: its exact figures differ from one CPU to another (the float "
+    "kernels differ). How often each finding holds across seeds: `make study` "
+    "(docs/study.md)."
+)
+
+
 def run_main_job(
     setup: DemoSetup, demos: tuple[int, ...] = (1, 2, 3), console: Console | None = None
 ) -> MainJobResult:
@@ -319,6 +326,8 @@ def _run_main_job(
             print_demo3(PalmCost(), ledger, console)
         for figure in write_figures(setup, plan, reference, results, demos):
             console.print(f"Figure: {figure}")
+    if leader and demos:
+        console.print(f"\n{ONE_RUN_NOTE}")
     wall = time.perf_counter() - start
     console.print(f"\nWall time: {wall:.1f} s. TensorBoard: {tensorboard_command(setup.log_root)}")
     if no_spike is not None:

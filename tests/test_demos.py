@@ -56,6 +56,7 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
     # a command that works from the repository: a venv's tensorboard is not on the PATH
     assert f"tensorboard --logdir {setup.log_root}" in text
     assert "TensorBoard: tensorboard " not in text
+    assert "differ from one CPU to another" in " ".join(text.split())  # and `make study`
     assert result.demo1 is not None and result.demo2 is not None and result.ledger is not None
     # demo 1: the exact resume is exact, the ablations are not
     exact, fresh, other = result.demo1.rows[1:]
