@@ -75,7 +75,7 @@ MUTATIONS = [
         "                pass\n",
         (
             G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
-            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
+            G + "test_state_a_skipped_first_step_created_is_removed",
             G + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
         ),
     ),
@@ -86,17 +86,17 @@ MUTATIONS = [
         "                    pass\n",
         (
             G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
-            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
+            "tests/test_watchers_paths.py::test_a_nan_step_is_dropped_at_any_step",
         ),
     ),
     Mutation(
-        "skipstep_created_state_kept",  # instead of zeroed (the docstring's claim)
+        "skipstep_created_state_kept",  # instead of removed (the docstring's claim)
         "callbacks/skip_step.py",
-        "else torch.zeros_like(now)",
-        "else now.clone()",
+        "                del optimizer.state[param]  # as before the step: no state at all\n",
+        "                pass\n",
         (
-            G + "test_state_a_skipped_first_step_created_is_back_at_zeros",
-            G + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
+            G + "test_state_a_skipped_first_step_created_is_removed",
+            "tests/test_watchers_paths.py::test_a_nan_step_is_dropped_at_any_step",
         ),
     ),
     Mutation(

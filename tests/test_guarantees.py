@@ -238,7 +238,7 @@ def test_a_skipped_step_leaves_weights_and_optimizer_state_as_before(
 
 
 @pytest.mark.parametrize("module", [AdamWRegressor, MomentumRegressor])
-def test_state_a_skipped_first_step_created_is_back_at_zeros(
+def test_state_a_skipped_first_step_created_is_removed(
     tmp_path: Path, module: type[pl.LightningModule]
 ) -> None:
     """The window's initial values make step 0 skippable: the optimizer state the step
