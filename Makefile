@@ -49,7 +49,7 @@ test-fast: $(STAMP)
 # (docs/study.md): runs/study/report.md. A rerun continues a stopped study;
 # `make study STUDY_ARGS=--quick` is the small preset CI runs.
 study: $(STAMP)
-	$(BIN)/python -m lit_spikes.cli study $(STUDY_ARGS)
+	$(BIN)/python -m lit_spikes.tools.cli study $(STUDY_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

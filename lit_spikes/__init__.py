@@ -13,7 +13,7 @@ __all__ = ["StepLoader"]
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: torch takes seconds, and `lit-spikes --help` (lit_spikes.cli)
+    # Imported on first use: torch takes seconds, and `lit-spikes --help` (lit_spikes.tools.cli)
     # or a command that needs no tensor must not wait for it.
     if name == "StepLoader":
         from lit_spikes.loader import StepLoader

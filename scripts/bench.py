@@ -49,13 +49,18 @@ from rich.console import Console
 from rich.table import Table
 
 from lit_spikes.callbacks import SpikeDetector
-from lit_spikes.data import DataConfig, StepDataModule
-from lit_spikes.demos import DEMO_BRANCHES, DemoSetup
-from lit_spikes.main_job import run_main_job
-from lit_spikes.model import GPTConfig
-from lit_spikes.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule, set_flush_denormal
-from lit_spikes.plain import evaluate_bpc, train_plain
-from lit_spikes.training import RunSpec, ddp_env
+from lit_spikes.demo.data import DataConfig, StepDataModule
+from lit_spikes.demo.demos import DEMO_BRANCHES, DemoSetup
+from lit_spikes.demo.main_job import run_main_job
+from lit_spikes.demo.model import GPTConfig
+from lit_spikes.demo.module import (
+    DEFAULT_MODEL_SEED,
+    OptimConfig,
+    TinyGPTModule,
+    set_flush_denormal,
+)
+from lit_spikes.demo.plain import evaluate_bpc, train_plain
+from lit_spikes.tools.training import RunSpec, ddp_env
 
 DEMO_CHECKPOINT_EVERY = DemoSetup().checkpoint_every
 
@@ -93,8 +98,8 @@ def ms_per_step(starts: list[float], warmup: int) -> float:
 
 @contextmanager
 def step_stamps(where: Any) -> Iterator[list[float]]:
-    """The time of each step's gradient-norm call in ``where`` (``lit_spikes.plain`` or
-    ``lit_spikes.module``): one call per step, after backward, in both loops, so both are
+    """The time of each step's gradient-norm call in ``where`` (``lit_spikes.demo.plain`` or
+    ``lit_spikes.demo.module``): one call per step, after backward, in both loops, so both are
     timed by the same instrument and neither pays for a timing callback."""
     stamps: list[float] = []
     original = where.grad_norm
@@ -112,7 +117,7 @@ def step_stamps(where: Any) -> Iterator[list[float]]:
 
 def time_plain(steps: int, warmup: int, compile_model: bool = False) -> tuple[float, float]:
     """ms/step of the plain loop after ``warmup`` steps, and its first step's seconds."""
-    import lit_spikes.plain as plain
+    import lit_spikes.demo.plain as plain
 
     begin = time.perf_counter()
     with step_stamps(plain) as starts:
@@ -132,7 +137,7 @@ def time_lightning(
 ) -> float:
     """ms/step of the Lightning loop as the demos run it, timed as ``time_plain``;
     ``features=False``: Lightning's loop alone (no logger, checkpoints or callbacks)."""
-    import lit_spikes.module as module_code
+    import lit_spikes.demo.module as module_code
 
     spec = RunSpec(
         root,
@@ -250,8 +255,8 @@ def bench_detector(console: Console, step_ms: float) -> None:
     """Part 4: the spike detector's cost per step, and the time from a detected spike to
     the first step of a remedy branch (choosing the checkpoint, building the Trainer,
     restoring), beyond the steps recomputed."""
-    from lit_spikes.branches import Branch, run_branch
     from lit_spikes.callbacks import LRScaler, RollbackRestore
+    from lit_spikes.demo.branches import Branch, run_branch
 
     detector = SpikeDetector(monitor=("loss", "max_logit", "grad_norm"), z_score=6.0)
     record = {"loss": 2.0, "max_logit": 300.0, "grad_norm": 0.3}
@@ -461,7 +466,7 @@ def phase_timers() -> Iterator[dict[str, list[float]]]:
     update function, by phase, while the context is open (the same wrappers in any loop)."""
     import torch.optim.adam as adam_module
 
-    from lit_spikes.model import TinyGPT
+    from lit_spikes.demo.model import TinyGPT
 
     calls: dict[str, list[float]] = {"forward": [], "backward": [], "adamw": []}
     targets: list[tuple[Any, str, str]] = [
@@ -492,8 +497,8 @@ def phase_timers() -> Iterator[dict[str, list[float]]]:
 
 def bench_phases(console: Console, steps: int, warmup: int, repeats: int) -> None:
     """Part 8: the median per step of each phase in each loop of part 1."""
-    import lit_spikes.module as module_code
-    import lit_spikes.plain as plain_code
+    import lit_spikes.demo.module as module_code
+    import lit_spikes.demo.plain as plain_code
 
     kinds = ("plain", "demos", "alone")
     per_kind: dict[str, dict[str, list[float]]] = {kind: {} for kind in kinds}

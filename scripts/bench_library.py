@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SpikeDetector
-from lit_spikes.data import DataConfig, StepDataModule, collate_rows
-from lit_spikes.module import TinyGPTModule
+from lit_spikes.demo.data import DataConfig, StepDataModule, collate_rows
+from lit_spikes.demo.module import TinyGPTModule
 
 
 class _Bare(TinyGPTModule):

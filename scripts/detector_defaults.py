@@ -40,9 +40,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_spikes.callbacks import LRScaler, SpikeDetector
-from lit_spikes.data import DataConfig, StepDataModule
-from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.demo.data import DataConfig, StepDataModule
+from lit_spikes.demo.model import GPTConfig
+from lit_spikes.demo.module import OptimConfig, TinyGPTModule
 
 RULES: dict[str, Callable[[], SpikeDetector]] = {
     "old default (ratio 1.4, window 20)": lambda: SpikeDetector(ratio=1.4),

@@ -38,9 +38,9 @@ from torch.utils.data import TensorDataset
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector
-from lit_spikes.data import DataConfig, StepDataModule
-from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig, TinyGPTModule
+from lit_spikes.demo.data import DataConfig, StepDataModule
+from lit_spikes.demo.model import GPTConfig
+from lit_spikes.demo.module import OptimConfig, TinyGPTModule
 
 STEADY = 50
 

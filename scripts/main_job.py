@@ -1,6 +1,6 @@
-"""`make demo`: demos 1, 2 and 3 on the built-in world (see lit_spikes/main_job.py)."""
+"""`make demo`: demos 1, 2 and 3 on the built-in world (see lit_spikes/demo/main_job.py)."""
 
-from lit_spikes.main_job import main
+from lit_spikes.demo.main_job import main
 
 if __name__ == "__main__":
     main()

@@ -131,7 +131,7 @@ MUTATIONS = [
     ),
     Mutation(
         "nan_guard_zeroes_gradients",  # TinyGPTModule's host guard: weight decay still moves
-        "lit_spikes/module.py",
+        "lit_spikes/demo/module.py",
         "                        parameter.grad = None  # AdamW then changes nothing\n",
         "                        parameter.grad.zero_()  # type: ignore[union-attr]\n",
         (

@@ -4,7 +4,7 @@ processes. Lightning starts this same command again for rank 1 (tests/test_demos
 import sys
 from pathlib import Path
 
-from lit_spikes.main_job import run_main_job
+from lit_spikes.demo.main_job import run_main_job
 from tests.test_demos import tiny_setup
 
 if __name__ == "__main__":

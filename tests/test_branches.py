@@ -16,8 +16,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.branches import Branch, BranchInterrupted, BranchRunner, _ready, run_branch
-from lit_spikes.training import checkpoint_path
+from lit_spikes.demo.branches import Branch, BranchInterrupted, BranchRunner, _ready, run_branch
+from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
 
 N, K = 12, 6
@@ -160,7 +160,7 @@ def test_an_idle_worker_outlives_the_terminals_ctrl_c(tmp_path: Path) -> None:
 BUSY_WORKERS = """
 import multiprocessing, sys, time
 from pathlib import Path
-from lit_spikes.branches import BranchRunner
+from lit_spikes.demo.branches import BranchRunner
 runner = BranchRunner(Path(sys.argv[1]), workers=2)
 runner.__enter__()
 runner._starter.join()
@@ -261,7 +261,7 @@ def test_a_worker_killed_mid_branch_is_named_once_this_process_run_ends(tmp_path
     """The pool breaks when a worker dies: a branch this process trains meanwhile, which
     queues another at its checkpoint, must train on (it was aborted from its own callback
     with a nameless BrokenProcessPool), and the error then names the lost branch."""
-    from lit_spikes.branches import WorkerDied
+    from lit_spikes.demo.branches import WorkerDied
 
     with (
         pytest.raises(WorkerDied, match="while training doomed") as died,
@@ -285,7 +285,7 @@ def test_a_worker_killed_mid_branch_is_named_once_this_process_run_ends(tmp_path
 def test_worker_died_names_its_branches_after_a_round_trip_through_pickle() -> None:
     import pickle
 
-    from lit_spikes.branches import WorkerDied
+    from lit_spikes.demo.branches import WorkerDied
 
     again = pickle.loads(pickle.dumps(WorkerDied(["demo2/scale_lr"])))
     assert again.names == ["demo2/scale_lr"]

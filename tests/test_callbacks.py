@@ -21,8 +21,8 @@ from lit_spikes.callbacks import (
     SkipStep,
     SpikeDetector,
 )
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.training import checkpoint_path
+from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt, tb_scalars
 
 N, K, EVERY = 20, 10, 5
@@ -155,8 +155,8 @@ class _NaNAtStep(TinyGPTModule):
 
 
 def test_spike_detector_flags_nan_loss(tmp_path: Path) -> None:
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
     from tests.conftest import TINY_GPT
 
     detector = SpikeDetector(action="stop")
@@ -315,8 +315,8 @@ def test_gradient_clipping_logs_the_norm_before_clipping(tmp_path: Path) -> None
 
 def test_grad_norm_is_bit_equal_to_what_clipping_measures() -> None:
     """The logged norm is the one ``clip_grad_norm_`` compares with its threshold."""
-    from lit_spikes.model import GPTConfig, build_model
-    from lit_spikes.module import grad_norm
+    from lit_spikes.demo.model import GPTConfig, build_model
+    from lit_spikes.demo.module import grad_norm
 
     model = build_model(GPTConfig(), 1)
     for scale in (1e-30, 1e-3, 1.0, 1e20):
@@ -423,7 +423,7 @@ class _NoSchedulerModule(TinyGPTModule):
 def _lrs(module: TinyGPTModule, callbacks: list[object], steps: int = 8) -> list[float]:
     import lightning.pytorch as pl
 
-    from lit_spikes.data import StepDataModule
+    from lit_spikes.demo.data import StepDataModule
 
     trainer = pl.Trainer(
         max_steps=steps,

@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
-from lit_spikes.check_resume import main as check_resume_main
 from lit_spikes.testing import (
     COMPONENTS,
     CheckInputError,
@@ -28,6 +27,7 @@ from lit_spikes.testing import (
     format_table,
 )
 from lit_spikes.testing.verdict import NOT_REPRODUCIBLE
+from lit_spikes.tools.check_resume import main as check_resume_main
 
 STEPS, RESUME_AT = 12, 5  # 8 batches an epoch: the resume is mid-epoch
 

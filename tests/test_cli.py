@@ -11,7 +11,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks import LRScaler
-from lit_spikes.cli import main
+from lit_spikes.tools.cli import main
 from tests.conftest import TINY_CLI
 
 
@@ -35,15 +35,15 @@ def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     # Any module and data by class path, the project's own the defaults, listed; the
     # project's options first, Lightning's Trainer last
     assert "--model CLASS_PATH: the LightningModule to train" in out
-    assert "Default: lit_spikes.module.TinyGPTModule" in out
-    assert "Default: lit_spikes.data.StepDataModule" in out
+    assert "Default: lit_spikes.demo.module.TinyGPTModule" in out
+    assert "Default: lit_spikes.demo.data.StepDataModule" in out
     order = ["--checkpoint_every", "--ckpt_path", "--model CLASS_PATH", "--data CLASS_PATH"]
     positions = [out.index(option) for option in [*order, "--trainer.max_steps"]]
     assert positions == sorted(positions)
 
 
 def test_defaults_reproduce_the_seed_setup() -> None:
-    from lit_spikes.cli import build_cli
+    from lit_spikes.tools.cli import build_cli
 
     parsed = build_cli([], run=False)
     module, data, trainer = parsed.model, parsed.datamodule, parsed.trainer
@@ -72,7 +72,7 @@ def test_console_script_exits_zero(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    script = "import sys; from lit_spikes.tools.cli import main; sys.exit(main())"
     tiny = [
         "fit",
         *TINY_CLI,
@@ -109,7 +109,7 @@ def test_console_script_stopped_by_sigterm_exits_128_plus_the_signal(
     import subprocess
     import sys
 
-    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    script = "import sys; from lit_spikes.tools.cli import main; sys.exit(main())"
     run = ["fit", *TINY_CLI, "--trainer.default_root_dir", str(tmp_path), "--checkpoint_every"]
     run += [every, "--trainer.max_steps", "100000", "--model.optim.max_steps", "100000"]
     run += ["--trainer.callbacks+=tests.test_cli.AnnounceTraining"]
@@ -156,7 +156,7 @@ def test_fit_writes_checkpoints_as_the_scripts_do() -> None:
     from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 
     from lit_spikes.checkpoints import AtomicCheckpointIO
-    from lit_spikes.cli import build_cli
+    from lit_spikes.tools.cli import build_cli
 
     trainer = build_cli([], run=False).trainer
     io_plugin = trainer.strategy.checkpoint_io
@@ -439,15 +439,15 @@ def test_runspec_and_the_cli_take_the_standard_set_from_one_place(
     """The lock, the checkpoints, ValidateAtEnd, the logger and the checkpoint plugin of
     RunSpec's and of lit-spikes fit's Trainers come from one builder: a change there
     (here: the step checkpoint) reaches both."""
-    from lit_spikes import training
     from lit_spikes.callbacks import RunDirectoryLock
     from lit_spikes.checkpoints import AtomicCheckpointIO
-    from lit_spikes.tb import RunLogger
+    from lit_spikes.tools import training
+    from lit_spikes.tools.tb import RunLogger
 
     class Marker(Callback):
         pass
 
-    import lit_spikes.fit_cli  # noqa: F401 (imported before the change, as in any process)
+    import lit_spikes.tools.fit_cli  # noqa: F401 (imported before the change, as in any process)
 
     monkeypatch.setattr(training, "step_checkpoint", lambda dirpath, every: Marker())
     spec = training.RunSpec(tmp_path, "spec", 12, checkpoint_every=5, val_every=5)

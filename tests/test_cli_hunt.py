@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from lit_spikes.callbacks import LRScaler
-from lit_spikes.cli import main
+from lit_spikes.tools.cli import main
 from tests.conftest import REPO, TINY_CLI, assert_states_equal, load_ckpt, tb_steps
 
 QUIET = ["--trainer.enable_model_summary", "false"]
@@ -198,7 +198,7 @@ def test_max_epochs_ends_the_run_as_lightning_does(
 def test_top_level_help_and_dispatch_import_neither_torch_nor_lightning() -> None:
     """`lit-spikes --help` took 5.7 s: it imported everything before parsing."""
     code = (
-        "import sys; from lit_spikes.cli import main\n"
+        "import sys; from lit_spikes.tools.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     )
@@ -214,9 +214,9 @@ def test_check_resume_is_dispatched_with_its_exit_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[list[str]] = []
-    fake = types.ModuleType("lit_spikes.check_resume")
+    fake = types.ModuleType("lit_spikes.tools.check_resume")
     fake.main = lambda argv: calls.append(argv) or 1  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "lit_spikes.check_resume", fake)
+    monkeypatch.setitem(sys.modules, "lit_spikes.tools.check_resume", fake)
     assert main(["check-resume", "--steps", "4"]) == 1
     monkeypatch.setattr(sys, "argv", ["lit-spikes", "check-resume", "--steps", "5"])
     with pytest.raises(SystemExit) as exit_info:  # the console script: its status
@@ -255,7 +255,7 @@ def test_a_typo_gets_the_lines_that_matter_and_a_suggestion(
 def test_a_fit_prints_no_litlogger_tip_nor_leafspec_warning_and_counts_flops(
     tmp_path: Path,
 ) -> None:
-    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    script = "import sys; from lit_spikes.tools.cli import main; sys.exit(main())"
     run = ["fit", *TINY_CLI, "--trainer.max_steps", "2", "--checkpoint_every", "0"]
     run += ["--trainer.default_root_dir", str(tmp_path)]
     done = subprocess.run(

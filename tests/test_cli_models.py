@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from lit_spikes import StepLoader
-from lit_spikes.cli import build_cli, main
+from lit_spikes.tools.cli import build_cli, main
 from tests.conftest import REPO, assert_states_equal, load_ckpt
 from tests.user_modules import regression_data
 
@@ -54,7 +54,7 @@ USER_RUN = [
 
 
 def _fit_in_a_process(args: list[str]) -> None:
-    script = "import sys; from lit_spikes.cli import main; sys.exit(main())"
+    script = "import sys; from lit_spikes.tools.cli import main; sys.exit(main())"
     # importable wherever: jsonargparse imports a --config file's classes from its folder
     # The process settings of the run it resumes (this one's): a user's module sets none.
     env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -136,7 +136,7 @@ def test_the_default_model_keeps_every_spelling(
         "init_args": ["--model.init_args.gpt.n_layer", "2", "--data.init_args.config.seed", "5"],
     }.get(spelling)
     if args is None:
-        model = {"class_path": "lit_spikes.module.TinyGPTModule"}
+        model = {"class_path": "lit_spikes.demo.module.TinyGPTModule"}
         model["init_args"] = {"gpt": {"n_layer": 2}}  # type: ignore[assignment]
         config = {"model": model, "data": {"config": {"seed": 5}}}
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))

@@ -1,4 +1,4 @@
-"""The parser of the commands outside the LightningCLI (``lit_spikes.command_line``):
+"""The parser of the commands outside the LightningCLI (``lit_spikes.tools.command_line``):
 options from a config dataclass with their docstrings, one spelling, two-line errors
 with the option a typo meant, ``--print_config`` that ``--config`` reads back."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_spikes.command_line import command_parser, parse_config
+from lit_spikes.tools.command_line import command_parser, parse_config
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def test_print_config_round_trips_through_config(
 
 
 def test_check_resume_takes_one_spelling(capsys: pytest.CaptureFixture[str]) -> None:
-    from lit_spikes.check_resume import main
+    from lit_spikes.tools.check_resume import main
 
     status = main(
         ["--model", "tests.user_modules.DropoutRegressor", "--steps", "4", "--resume-at", "2"]

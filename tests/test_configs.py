@@ -12,7 +12,7 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.cli import build_cli, main
+from lit_spikes.tools.cli import build_cli, main
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 RECOVER = CONFIG_DIR / "recover.yaml"
@@ -153,7 +153,7 @@ def test_recover_config_runs_through_the_recover_command(tmp_path: Path) -> None
     and runs: shrunk to a few steps by the command's own flags."""
     import yaml
 
-    from lit_spikes.recover import RecoverConfig
+    from lit_spikes.tools.recover import RecoverConfig
 
     raw = yaml.safe_load(RECOVER.read_text())
     expected = RecoverConfig(compare=True).to_dict()

@@ -9,8 +9,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_spikes.data import DataConfig, StepDataModule, position_of_step
-from lit_spikes.world import ALPHABET, CharTokenizer, WorldConfig, build_world
+from lit_spikes.demo.data import DataConfig, StepDataModule, position_of_step
+from lit_spikes.demo.world import ALPHABET, CharTokenizer, WorldConfig, build_world
 from tests.conftest import TINY_DATA
 
 
@@ -94,7 +94,7 @@ def test_poisoned_position_is_random_characters() -> None:
 
 
 def test_datamodules_of_one_world_share_its_tokens_built_once() -> None:
-    from lit_spikes.data import world_tokens
+    from lit_spikes.demo.data import world_tokens
 
     first, second = StepDataModule(TINY_DATA), StepDataModule(replace(TINY_DATA, seed=9))
     first.setup("fit")
@@ -137,7 +137,7 @@ def _trainer(**settings: object) -> pl.Trainer:
 def test_a_fit_only_epochs_would_end_is_refused_before_any_step() -> None:
     """The stream has no end, so neither has an epoch: Trainer(max_epochs=1) without
     max_steps trained forever."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
     from tests.conftest import TINY_GPT, TINY_OPTIM
 
     module, data = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM), StepDataModule(TINY_DATA)
@@ -152,7 +152,7 @@ def test_a_fit_only_epochs_would_end_is_refused_before_any_step() -> None:
 
 
 def test_a_validation_at_an_epochs_end_that_never_comes_warns() -> None:
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
     from tests.conftest import TINY_GPT, TINY_OPTIM
 
     module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)
@@ -179,7 +179,7 @@ def test_load_from_checkpoint_gives_the_data_module_the_run_trained_with(tmp_pat
 
 def test_a_time_based_validation_interval_trains_and_validates() -> None:
     """Lightning sets no val_check_interval for one in time: the check must not need it."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
     from tests.conftest import TINY_GPT, TINY_OPTIM
 
     module = TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM)

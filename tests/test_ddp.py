@@ -29,9 +29,9 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lit_spikes.callbacks import BatchSkipper, LRScaler, SpikeDetector
 from lit_spikes.callbacks.exact_resume import STATE_KEY
-from lit_spikes.data import DataConfig, StepDataModule
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.training import RunSpec, checkpoint_path
+from lit_spikes.demo.data import DataConfig, StepDataModule
+from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.tools.training import RunSpec, checkpoint_path
 from tests.conftest import (
     REPO,
     TINY_DATA,
@@ -328,7 +328,15 @@ def test_lit_spikes_fit_resumes_a_ddp_run_from_a_named_checkpoint(tmp_path: Path
     from tests.conftest import TINY_CLI
 
     root = tmp_path / "run"
-    fit_cli = [sys.executable, "-m", "lit_spikes.cli", "fit", *TINY_CLI, "--checkpoint_every", "5"]
+    fit_cli = [
+        sys.executable,
+        "-m",
+        "lit_spikes.tools.cli",
+        "fit",
+        *TINY_CLI,
+        "--checkpoint_every",
+        "5",
+    ]
     fit_cli += ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
     fit_cli += ["--trainer.default_root_dir", str(root)]
     resume = ["--ckpt_path", str(checkpoint_path(root, 10))]

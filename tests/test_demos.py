@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from rich.console import Console
 
 from lit_spikes.callbacks import RunDirectoryBusy
-from lit_spikes.demos import DEMO_BRANCHES, DemoSetup, PalmCost, default_workers
-from lit_spikes.main_job import MainJobResult, run_main_job
+from lit_spikes.demo.demos import DEMO_BRANCHES, DemoSetup, PalmCost, default_workers
+from lit_spikes.demo.main_job import MainJobResult, run_main_job
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, tb_steps
 
 pytestmark = pytest.mark.slow
@@ -87,11 +87,13 @@ def test_main_job_at_reduced_size(main_job: tuple[DemoSetup, MainJobResult, str]
 def test_default_workers_one_process_per_core_at_most_one_per_branch(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cores: int, workers: int
 ) -> None:
-    import lit_spikes.demos
+    import lit_spikes.demo.demos
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    monkeypatch.setattr(lit_spikes.demos, "CGROUP_ROOT", tmp_path)  # no quota, whatever the host's
-    monkeypatch.setattr(lit_spikes.demos, "PROC_SELF_CGROUP", tmp_path / "no-such-file")
+    monkeypatch.setattr(
+        lit_spikes.demo.demos, "CGROUP_ROOT", tmp_path
+    )  # no quota, whatever the host's
+    monkeypatch.setattr(lit_spikes.demo.demos, "PROC_SELF_CGROUP", tmp_path / "no-such-file")
     assert default_workers() == workers
     assert DemoSetup().workers == workers
 
@@ -150,7 +152,7 @@ def test_usable_cores_follow_the_cpu_quota_of_the_process_cgroup_and_those_above
     proc: str | None,
     cores: int,
 ) -> None:
-    from lit_spikes.demos import usable_cores
+    from lit_spikes.demo.demos import usable_cores
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     root, proc_cgroup = tmp_path / "cgroup", tmp_path / "proc_self_cgroup"
@@ -172,10 +174,10 @@ def test_palm_cost_matches_the_paper_numbers() -> None:
 
 
 def test_demos_still_offers_what_moved_to_demo_tables() -> None:
-    """The reports' rows, tables and demo 3 live in ``lit_spikes.demo_tables``;
-    ``lit_spikes.demos`` re-exports each of them, so callers import from either."""
-    import lit_spikes.demo_tables as tables
-    import lit_spikes.demos as demos
+    """The reports' rows, tables and demo 3 live in ``lit_spikes.demo.demo_tables``;
+    ``lit_spikes.demo.demos`` re-exports each of them, so callers import from either."""
+    import lit_spikes.demo.demo_tables as tables
+    import lit_spikes.demo.demos as demos
 
     assert all(hasattr(demos, name) for name in demos.__all__)
     own = {
@@ -283,7 +285,7 @@ def test_the_main_job_writes_no_figure_outside_its_log_root_unless_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """make demo rewrote the committed docs/figures/*.png; make figures asks for them."""
-    import lit_spikes.main_job as main_job_module
+    import lit_spikes.demo.main_job as main_job_module
 
     taken: list[Path | None] = []
     monkeypatch.setattr(main_job_module, "run_main_job", lambda s, _: taken.append(s.figures_dir))
@@ -353,7 +355,7 @@ def test_main_job_refuses_an_unwritable_output_before_it_clears_or_trains(
 ) -> None:
     """Not a traceback, nor a FileExistsError after all the training with the last run's
     results already cleared: a usage error naming the flag, and nothing touched."""
-    from lit_spikes.main_job import main
+    from lit_spikes.demo.main_job import main
 
     a_file = tmp_path / "a_file"
     a_file.write_text("not a directory")
@@ -387,7 +389,7 @@ def test_main_job_refuses_a_strategy_or_device_count_before_it_clears_or_trains(
     """A bogus strategy failed in Lightning after the last results were cleared; a spawned
     DDP trained the reference and then failed on a temporary file; 3 processes failed on
     a batch size the main job has no flag for."""
-    from lit_spikes.main_job import main
+    from lit_spikes.demo.main_job import main
 
     log_root = tmp_path / "runs"
     kept = log_root / "demo2" / "ledger.json"
@@ -404,7 +406,7 @@ def test_main_job_refuses_a_strategy_or_device_count_before_it_clears_or_trains(
 def test_one_demo_run_again_keeps_the_other_demos_runs(tmp_path: Path) -> None:
     """Demo 1 alone (scripts/demo_checkpoints.py) retrains the reference, but demo 2's runs
     and the ledger demo 3 reads stay."""
-    from lit_spikes.main_job import clear_previous
+    from lit_spikes.demo.main_job import clear_previous
 
     setup = tiny_setup(tmp_path / "runs")
     for demo in ("demo1", "demo2"):
@@ -427,7 +429,7 @@ def test_a_signal_stops_the_main_job_with_no_tables_from_cut_short_runs(
 
     from lightning.pytorch.callbacks import Callback
 
-    from lit_spikes.branches import BranchInterrupted
+    from lit_spikes.demo.branches import BranchInterrupted
 
     class CtrlCAtStep15(Callback):
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
@@ -476,8 +478,8 @@ def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
     """A branch trained in this process has no PreemptionCheckpoint: Lightning's SIGTERM
     ended the job with status 0 (SystemExit(None)), its Ctrl-C with 1; and a signal
     while this process only waited for its workers killed it, leaving them orphaned."""
-    import lit_spikes.main_job as main_job_module
-    from lit_spikes.main_job import MainJobInterrupted
+    import lit_spikes.demo.main_job as main_job_module
+    from lit_spikes.demo.main_job import MainJobInterrupted
 
     real = main_job_module.demo2_branches
     marker = tmp_path / "signalled"
@@ -504,7 +506,7 @@ def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
 def test_without_a_spike_demo_1_is_still_shown_before_demo_2_fails(tmp_path: Path) -> None:
     """Where the CPU's kernels leave the reference without a spike, demo 1 (which needs
     none) was thrown away with its workers; now its table and figure come first."""
-    from lit_spikes.demos import NoSpikeAfterWarmup
+    from lit_spikes.demo.demos import NoSpikeAfterWarmup
 
     setup = tiny_setup(tmp_path / "runs", workers=1)
     setup = replace(setup, data=replace(setup.data, poison=()), figures_dir=tmp_path / "figs")
@@ -521,7 +523,7 @@ def test_previous_results_that_cannot_be_removed_stop_the_main_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Files another user wrote stayed, silently, and mixed into the new run's curves."""
-    from lit_spikes.main_job import clear_previous
+    from lit_spikes.demo.main_job import clear_previous
 
     setup = tiny_setup(tmp_path / "runs")
     stuck = setup.log_root / "demo1" / "reference" / "checkpoints" / "step=20.ckpt"
@@ -546,7 +548,7 @@ def test_more_workers_than_branches_are_capped_and_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--workers 20 started 20 processes for 7 branches, 13 of them idle."""
-    import lit_spikes.main_job as main_job_module
+    import lit_spikes.demo.main_job as main_job_module
 
     taken: list[int] = []
     record = lambda setup, _: taken.append(setup.workers)  # noqa: E731
@@ -560,7 +562,7 @@ def test_more_workers_than_branches_are_capped_and_said(
 def test_a_second_signal_does_what_it_did_before_the_main_job() -> None:
     """Lightning's teardown puts back the handler it found (the job's): a second Ctrl-C
     must not raise MainJobInterrupted again, into the cleanup of the first."""
-    from lit_spikes.main_job import MainJobInterrupted, _signals_stop_the_job
+    from lit_spikes.demo.main_job import MainJobInterrupted, _signals_stop_the_job
 
     seen: list[int] = []
     original = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))

@@ -18,10 +18,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks import LRScaler, SpikeDetector
-from lit_spikes.cli import main as cli_main
-from lit_spikes.data import DataConfig
-from lit_spikes.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.training import checkpoint_path
+from lit_spikes.demo.data import DataConfig
+from lit_spikes.tools.cli import main as cli_main
+from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
+from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, fit, load_ckpt
 
 N, K, EARLIER = 40, 20, 10
@@ -248,8 +248,8 @@ def test_the_default_spike_replays_bit_exactly(tmp_path: Path) -> None:
     CPU: its SIMD kernels round differently (AMD EPYC: a spike at step 150 that stays
     without its data, state-caused; Intel Xeon: one at 147 that goes, data-caused), so
     the spike's step is the detector's and the verdict is not fixed here."""
-    from lit_spikes.branches import run_branch
-    from lit_spikes.demos import DemoSetup
+    from lit_spikes.demo.branches import run_branch
+    from lit_spikes.demo.demos import DemoSetup
 
     setup = DemoSetup(log_root=tmp_path)
     config = DiagnoseConfig(horizon=10)
@@ -268,15 +268,15 @@ def test_the_default_spike_replays_bit_exactly(tmp_path: Path) -> None:
 
 def command(*argv: str) -> Any:
     """The ``DiagnoseCommand`` the command line ``argv`` gives."""
-    from lit_spikes.command_line import config_of
-    from lit_spikes.diagnose import DiagnoseCommand, build_parser
+    from lit_spikes.tools.command_line import config_of
+    from lit_spikes.tools.diagnose import DiagnoseCommand, build_parser
 
     return config_of(DiagnoseCommand, build_parser().parse_args(list(argv)))
 
 
 def test_data_config_reads_the_recover_yaml() -> None:
     """``--data_config`` takes a RecoverConfig file as recover's ``--config`` does: YAML."""
-    from lit_spikes.diagnose import data_from_args
+    from lit_spikes.tools.diagnose import data_from_args
 
     recover_yaml = str(ROOT / "configs" / "recover.yaml")
     args = command(
@@ -290,7 +290,7 @@ def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
     argument): ``--data_config`` takes that file as it is."""
     import yaml
 
-    from lit_spikes.diagnose import data_from_args
+    from lit_spikes.tools.diagnose import data_from_args
 
     saved = {"trainer": {"max_steps": 9}, "data": {"config": {"seed": 3, "batch_size": 4}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
@@ -300,7 +300,7 @@ def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
 
 
 def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Path) -> None:
-    from lit_spikes.diagnose import data_from_args
+    from lit_spikes.tools.diagnose import data_from_args
 
     fit(tmp_path, "run", 5, optim=OPTIM, data=TINY_DATA, checkpoint_every=5)
     (tmp_path / "data.json").write_text(json.dumps({"seed": 5, "world": {"num_people": 10}}))
@@ -326,7 +326,7 @@ def test_a_rounded_original_loss_leaves_replay_c_compared_to_the_bit(tmp_path: P
 
 
 def test_bit_equality_of_nan_and_of_rounded_losses() -> None:
-    from lit_spikes.diagnose import bit_equal, given_decimals
+    from lit_spikes.tools.diagnose import bit_equal, given_decimals
 
     assert bit_equal(float("nan"), float("nan")) is True  # a replayed NaN is the run's
     assert bit_equal(2.717482328414917, 2.717482328414917) is True
@@ -342,7 +342,7 @@ def test_bit_equality_of_nan_and_of_rounded_losses() -> None:
 
 
 def test_a_verdict_with_nan_is_strict_json(tmp_path: Path) -> None:
-    from lit_spikes.diagnose import _json_value
+    from lit_spikes.tools.diagnose import _json_value
 
     text = json.dumps(
         _json_value({"loss": float("nan"), "x": [1.0, float("inf")]}), allow_nan=False
@@ -352,7 +352,7 @@ def test_a_verdict_with_nan_is_strict_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("content", "what"), [("- 1\n- 2\n", "list"), ("3\n", "int")])
 def test_a_data_config_that_is_no_mapping_is_named(tmp_path: Path, content: str, what: str) -> None:
-    from lit_spikes.diagnose import DiagnoseCommand, data_from_args
+    from lit_spikes.tools.diagnose import DiagnoseCommand, data_from_args
 
     path = tmp_path / "data.yaml"
     path.write_text(content)
@@ -370,7 +370,7 @@ def test_an_earlier_file_of_a_recover_branchs_parent_replays_with_the_branchs_re
 ) -> None:
     """Replay (c) from the base run's file the skip_data branch started from: trained
     without the branch's skip set it saw other data, and blamed the state."""
-    from lit_spikes.recover import recover
+    from lit_spikes.tools.recover import recover
     from tests.test_recover import tiny_config
 
     root = tmp_path / "recover"
@@ -387,7 +387,7 @@ def test_an_earlier_file_of_a_recover_branchs_parent_replays_with_the_branchs_re
 
 def replay(flagged: list[int], bit_equal: bool | None, loss: float = 3.0) -> Any:
     """A replay of plain numbers: the verdict depends on nothing else."""
-    from lit_spikes.diagnose import Replay
+    from lit_spikes.tools.diagnose import Replay
 
     return Replay("r", 20, None, loss, loss, 10.0, flagged, bit_equal, 40)
 
@@ -404,7 +404,7 @@ def replay(flagged: list[int], bit_equal: bool | None, loss: float = 3.0) -> Any
 def test_the_verdict_follows_the_replays_numbers(
     same: tuple[int, ...], other: tuple[int, ...], earlier: bool | None, cause: str
 ) -> None:
-    from lit_spikes.diagnose import verdict_cause
+    from lit_spikes.tools.diagnose import verdict_cause
 
     earlier_replay = None if earlier is None else replay([28], earlier)
     assert verdict_cause(
@@ -413,7 +413,7 @@ def test_the_verdict_follows_the_replays_numbers(
 
 
 def test_the_same_data_replay_alone_decides_no_spike_and_a_fault() -> None:
-    from lit_spikes.diagnose import cause_from_same_data, verdict_cause
+    from lit_spikes.tools.diagnose import cause_from_same_data, verdict_cause
 
     assert cause_from_same_data(28, replay([29], True)) == "no-spike"  # back, not flagged there
     assert cause_from_same_data(28, replay([], None)) == "no-spike"  # cannot be told apart
@@ -432,7 +432,7 @@ def test_one_diagnosis_reads_each_checkpoint_once(
     the replays of one file share one read of it; each replay's fit reads its file once
     more (Lightning restores from the path). It was read 7 times, the earlier file 4."""
     import lit_spikes.checkpoints as checkpoints_module
-    from lit_spikes.diagnose import Verdict
+    from lit_spikes.tools.diagnose import Verdict
 
     data = replace(TINY_DATA, poison=(28,))
     original_run(tmp_path, "poison", data, [])
@@ -447,7 +447,7 @@ def test_one_diagnosis_reads_each_checkpoint_once(
 
     checkpoints_module._file_step.cache_clear()  # checkpoint_step's memo of earlier runs
     for name, module in list(sys.modules.items()):
-        ours = name.startswith(("lit_spikes.checkpoints", "lit_spikes.diagnose"))
+        ours = name.startswith(("lit_spikes.checkpoints", "lit_spikes.tools.diagnose"))
         if ours and getattr(module, "load_checkpoint", None) is original:
             monkeypatch.setattr(module, "load_checkpoint", counting)
     argv = ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "28", "--poison", "[28]"]

@@ -22,10 +22,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.callbacks import ExactResume
-from lit_spikes.cli import main as cli_main
-from lit_spikes.detector_config import DetectorConfig
-from lit_spikes.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.training import checkpoint_path, step_checkpoint
+from lit_spikes.tools.cli import main as cli_main
+from lit_spikes.tools.detector_config import DetectorConfig
+from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
+from lit_spikes.tools.training import checkpoint_path, step_checkpoint
 from tests.spiky_modules import FaultyRegressor, JumpRegressor, StepRegressionData
 
 STEPS, EVERY, K = 36, 10, 10
@@ -198,7 +198,7 @@ def test_the_command_line_takes_class_paths_and_a_config_file(
 
 
 def test_help_lists_every_option_with_its_docstring(capsys: pytest.CaptureFixture[str]) -> None:
-    from lit_spikes.diagnose import DiagnoseCommand
+    from lit_spikes.tools.diagnose import DiagnoseCommand
 
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["diagnose", "--help"])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_spikes.cli import main
-from lit_spikes.fit_cli import LitSpikesCLI
+from lit_spikes.tools.cli import main
+from lit_spikes.tools.fit_cli import LitSpikesCLI
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

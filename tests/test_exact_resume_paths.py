@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
-from lit_spikes.check_resume import main as check_resume_main
 from lit_spikes.testing import assert_resumes_exactly, check_resume
 from lit_spikes.testing.record import MODULE, SCHEDULER
+from lit_spikes.tools.check_resume import main as check_resume_main
 
 QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
 # Lightning's own warnings about these small runs: not what these tests are about.

@@ -1,8 +1,8 @@
 """``lit-spikes fit`` on a user's own module (tests/fit_modules.py), in-process through
-``lit_spikes.cli.main``: killed and resumed it is the uninterrupted run bit for bit, two
+``lit_spikes.tools.cli.main``: killed and resumed it is the uninterrupted run bit for bit, two
 identical commands train identical weights, ``--ckpt_path`` alone rebuilds the run from
 its config.yaml, a usage error exits 2 and writes nothing, ``--exact_resume false`` opts
-out. The decisions themselves (``lit_spikes.fit_defaults``) are tested as functions."""
+out. The decisions themselves (``lit_spikes.tools.fit_defaults``) are tested as functions."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import torch
 from lightning.pytorch.callbacks import ProgressBar
 
 from lit_spikes.callbacks import ExactResume
-from lit_spikes.cli import main
-from lit_spikes.fit_defaults import (
+from lit_spikes.tools.cli import main
+from lit_spikes.tools.fit_defaults import (
     adds_exact_resume,
     length_problem,
     seed_for,
     threads_for,
     user_run_config,
 )
-from lit_spikes.progress import StepProgressBar
+from lit_spikes.tools.progress import StepProgressBar
 from tests.conftest import load_ckpt, tb_scalars
 
 NET, OWN_EXACT, DATA = (f"tests.fit_modules.{n}" for n in ("DropoutNet", "OwnExactNet", "StepData"))
@@ -191,7 +191,7 @@ def test_the_decisions_for_a_users_module() -> None:
     assert adds_exact_resume(mine, configured=[])
     assert not adds_exact_resume(mine | {"exact_resume": False}, configured=[])
     assert not adds_exact_resume(mine, configured=[ExactResume()])
-    demo = {"model": {"class_path": "lit_spikes.module.TinyGPTModule"}, "exact_resume": True}
+    demo = {"model": {"class_path": "lit_spikes.demo.module.TinyGPTModule"}, "exact_resume": True}
     assert not adds_exact_resume(demo, configured=[])
 
 
@@ -205,14 +205,14 @@ def test_a_users_record_gives_model_data_length_and_numerics() -> None:
         "exact_resume": True,
         "trainer": {"max_steps": 30, "default_root_dir": "runs/x", "callbacks": [], "devices": 1},
     }
-    saved = user_run_config(record, "lit_spikes.module.TinyGPTModule")
+    saved = user_run_config(record, "lit_spikes.demo.module.TinyGPTModule")
     assert saved["model"] == model and saved["data"] == {"class_path": DATA}
     assert saved["trainer.max_steps"] == 30 and saved["trainer.devices"] == 1
     assert saved["seed_everything"] == 0 and saved["num_threads"] == 1
     assert "trainer.default_root_dir" not in saved and "trainer.callbacks" not in saved
-    own = {"model": {"class_path": "lit_spikes.module.TinyGPTModule"}, "trainer": {}}
-    assert user_run_config(own, "lit_spikes.module.TinyGPTModule") == {}
-    assert user_run_config({}, "lit_spikes.module.TinyGPTModule") == {}
+    own = {"model": {"class_path": "lit_spikes.demo.module.TinyGPTModule"}, "trainer": {}}
+    assert user_run_config(own, "lit_spikes.demo.module.TinyGPTModule") == {}
+    assert user_run_config({}, "lit_spikes.demo.module.TinyGPTModule") == {}
 
 
 def test_fit_shows_lr_and_grad_norm_for_a_users_module(uninterrupted: Path) -> None:

@@ -23,12 +23,13 @@ from lightning.pytorch.callbacks import Callback
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
-from lit_spikes import StepLoader, module
+from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, _watch
-from lit_spikes.data import StepDataModule
-from lit_spikes.model import TinyGPT
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.tb import RunLogger
+from lit_spikes.demo import module
+from lit_spikes.demo.data import StepDataModule
+from lit_spikes.demo.model import TinyGPT
+from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.tools.tb import RunLogger
 from tests.conftest import REPO, TINY_DATA, TINY_GPT, TINY_OPTIM, tb_scalars
 from tests.user_modules import LoggingRegressor, regression_data
 
@@ -166,7 +167,7 @@ def test_the_device_guard_drops_a_non_finite_update_as_the_host_guard_does(
 ) -> None:
     """The masked step (no read, as on an accelerator) ends with the same weights, AdamW
     state and skipped steps as dropping the gradients after a read (a CPU's default)."""
-    from lit_spikes.training import RunSpec
+    from lit_spikes.tools.training import RunSpec
     from tests.conftest import NaNLossModule
     from tests.test_callbacks import _NaNAtStep  # finite forward, NaN backward at step 12
 

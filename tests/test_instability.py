@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_spikes.branches import run_branch
 from lit_spikes.callbacks import LRScaler, SpikeDetector
-from lit_spikes.demos import DemoSetup
+from lit_spikes.demo.branches import run_branch
+from lit_spikes.demo.demos import DemoSetup
 
 pytestmark = pytest.mark.slow
 

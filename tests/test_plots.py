@@ -1,4 +1,4 @@
-"""``lit_spikes.plots.plot_comparison``: a PNG of the expected size, and clear errors."""
+"""``lit_spikes.demo.plots.plot_comparison``: a PNG of the expected size, and clear errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_spikes.plots import DPI, FIGSIZE, plot_comparison
+from lit_spikes.demo.plots import DPI, FIGSIZE, plot_comparison
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EXPECTED_SIZE = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))

@@ -22,11 +22,11 @@ from rich.console import Console
 from lit_spikes.callbacks import RunDirectoryBusy, SpikeDetector
 from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import load_checkpoint
-from lit_spikes.cli import main as cli_main
-from lit_spikes.data import DataConfig
-from lit_spikes.model import GPTConfig
-from lit_spikes.module import OptimConfig
-from lit_spikes.recover import (
+from lit_spikes.demo.data import DataConfig
+from lit_spikes.demo.model import GPTConfig
+from lit_spikes.demo.module import OptimConfig
+from lit_spikes.tools.cli import main as cli_main
+from lit_spikes.tools.recover import (
     ACCEPTED_RUN,
     HISTORY_NAME,
     LEDGER_NAME,
@@ -97,13 +97,16 @@ def tiny_config(
     optim = optim or replace(TINY_OPTIM, max_steps=N, warmup_steps=4)
     data = data or replace(TINY_DATA, poison=POISON)
     model = {
-        "class_path": "lit_spikes.module.TinyGPTModule",
+        "class_path": "lit_spikes.demo.module.TinyGPTModule",
         "init_args": {"gpt": asdict(gpt), "optim": asdict(optim), "model_seed": 0},
     }
     values: dict[str, Any] = {
         "log_root": log_root,
         "model": model,
-        "data": {"class_path": "lit_spikes.data.StepDataModule", "init_args": {"config": data}},
+        "data": {
+            "class_path": "lit_spikes.demo.data.StepDataModule",
+            "init_args": {"config": data},
+        },
         "checkpoint_every": 10,
         "val_every": 20,
         "rollback_distance": 5,
@@ -171,7 +174,7 @@ def test_cli_recover_help_lists_every_field_with_its_docstring(
 ) -> None:
     from dataclasses import fields
 
-    from lit_spikes.recover import DetectorConfig
+    from lit_spikes.tools.recover import DetectorConfig
 
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recover", "--help"])
@@ -220,7 +223,7 @@ def test_a_cli_mistake_gets_two_lines(
 def test_print_config_round_trips_through_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lit_spikes.recover import parse
+    from lit_spikes.tools.recover import parse
 
     argv = [
         "--model.init_args.optim.peak_lr",
@@ -251,7 +254,7 @@ def test_print_config_round_trips_through_config(
 
 
 def test_recover_takes_any_model_and_data_by_class_path() -> None:
-    from lit_spikes.recover import parse
+    from lit_spikes.tools.recover import parse
 
     config, _ = parse(
         [
@@ -307,7 +310,7 @@ def test_a_first_start_refuses_a_directory_with_files_and_deletes_nothing(
 
 
 def test_log_root_comes_from_the_config_file_unless_the_flag_gives_one(tmp_path: Path) -> None:
-    from lit_spikes.recover import parse
+    from lit_spikes.tools.recover import parse
 
     config_file = tmp_path / "recover.yaml"
     config_file.write_text(f"log_root: {tmp_path / 'from_file'}\n")
@@ -348,7 +351,7 @@ def test_recover_bad_input_is_a_usage_error_naming_it(
         root.write_text("not a directory")
     elif setup == "gpt_list":
         config.write_text(
-            "model: {init_args: {gpt: [1, 2]}, class_path: lit_spikes.module.TinyGPTModule}\n"
+            "model: {init_args: {gpt: [1, 2]}, class_path: lit_spikes.demo.module.TinyGPTModule}\n"
         )
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recover", "--config", str(config), "--log_root", str(root)])
@@ -361,7 +364,7 @@ def test_a_ledger_or_history_of_an_unknown_format_version_is_refused_by_name(
 ) -> None:
     """Each file names its format version; one this code does not read is refused with the
     file, the version found and the versions it reads, before anything else is trusted."""
-    from lit_spikes.recover import LedgerUnreadable
+    from lit_spikes.tools.recover import LedgerUnreadable
 
     (tmp_path / LEDGER_NAME).write_text('{"version": 1, "config": {}}')  # an older one too
     with pytest.raises(LedgerUnreadable) as ledger_error:
@@ -377,7 +380,7 @@ def test_a_ledger_or_history_of_an_unknown_format_version_is_refused_by_name(
 
 
 def test_a_history_file_begins_with_its_format_version(tmp_path: Path) -> None:
-    from lit_spikes.recover.history import write_history
+    from lit_spikes.tools.recover.history import write_history
 
     history, records = tmp_path / HISTORY_NAME, [{"step": 0, "loss": 1.5}, {"val_step": 1}]
     write_history(history, records)
@@ -580,7 +583,7 @@ def test_sigkill_at_a_random_point_of_the_cli_and_restart_ends_bit_equal(
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "lit_spikes.cli", "recover"]
+    command = [sys.executable, "-m", "lit_spikes.tools.cli", "recover"]
     command += ["--config", str(config_file), "--log_root", str(config.log_root)]
     child = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -643,7 +646,7 @@ def _signalled_worker(log_root: str, signal_name: str) -> None:
     writes a checkpoint, the command exits with 130."""
     import functools
 
-    import lit_spikes.recover.cli as recover_cli
+    import lit_spikes.tools.recover.cli as recover_cli
 
     signum = signal.Signals[signal_name]
 
@@ -750,7 +753,7 @@ def test_a_rollback_past_a_refused_file_passes_over_a_ctrl_c_file_too(tmp_path: 
     """Rollback targets are scheduled files, so that an interrupted loop decides as the
     uninterrupted one: when the scheduled file is refused (broken), the next one back
     must be scheduled too, not the extra file a Ctrl-C wrote between them."""
-    from lit_spikes.recover.rollback import choose_rollback
+    from lit_spikes.tools.recover.rollback import choose_rollback
     from tests.conftest import fit
 
     source = fit(tmp_path, "source", 20, checkpoint_every=1).spec.run_dir / "checkpoints"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.recover import (
+from lit_spikes.tools.recover import (
     HISTORY_NAME,
     BranchRecord,
     DetectorConfig,
@@ -272,7 +272,7 @@ def test_a_model_or_data_that_is_not_one_is_refused_by_name() -> None:
 
 
 def test_the_command_line_takes_the_module_and_the_ladder_by_class_path(tmp_path: Path) -> None:
-    from lit_spikes.cli import main
+    from lit_spikes.tools.cli import main
 
     rungs = '[{"class_path": "lit_spikes.callbacks.LRScaler", "init_args": {"factor": 0.05}}]'
     argv = ["recover", "--model", MODEL, "--model.init_args.jump_step", str(JUMP_STEP)]

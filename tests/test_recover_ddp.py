@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from lit_spikes.callbacks.exact_resume import STATE_KEY
-from lit_spikes.recover import HISTORY_NAME, Ledger, RecoverConfig, read_history, read_ledger
+from lit_spikes.tools.recover import HISTORY_NAME, Ledger, RecoverConfig, read_history, read_ledger
 from tests.conftest import REPO, assert_states_equal, ddp_env, load_ckpt, wait_for
 from tests.test_recover import tiny_config
 
@@ -32,7 +32,7 @@ def command(tmp_path: Path, name: str) -> tuple[list[str], Path]:
     config_file = tmp_path / f"{name}.json"
     config_file.write_text(json.dumps(spec))
     root = tmp_path / name
-    argv = [sys.executable, "-m", "lit_spikes.cli", "recover", "--config", str(config_file)]
+    argv = [sys.executable, "-m", "lit_spikes.tools.cli", "recover", "--config", str(config_file)]
     return [*argv, "--log_root", str(root), "--devices", "2", "--strategy", "ddp"], root
 
 

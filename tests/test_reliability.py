@@ -48,10 +48,10 @@ from lit_spikes.checkpoints import (
     newest_valid_checkpoint,
     remove_leftovers,
 )
-from lit_spikes.cli import main as cli_main
-from lit_spikes.cli import unwritable_directory
-from lit_spikes.module import TinyGPTModule
-from lit_spikes.training import checkpoint_path
+from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.tools.cli import main as cli_main
+from lit_spikes.tools.cli import unwritable_directory
+from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import (
     TINY_CLI,
     TINY_DATA,
@@ -278,7 +278,7 @@ def test_a_new_run_into_another_runs_checkpoints_is_refused_from_python_too(
 
 
 def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Path) -> None:
-    from lit_spikes.training import RunSpec
+    from lit_spikes.tools.training import RunSpec
 
     with pytest.raises(ValueError, match=r"trainer_kwargs\['callbacks'\].*RunSpec\(callbacks="):
         RunSpec(tmp_path, "run", 4, trainer_kwargs={"callbacks": [SpikeDetector(ratio=1.4)]})
@@ -287,7 +287,7 @@ def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Pat
 def test_a_failed_cleanup_after_the_lock_is_taken_releases_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lit_spikes import training
+    from lit_spikes.tools import training
 
     def unreadable(directory: Path) -> list[Path]:
         raise PermissionError(13, "Permission denied", str(directory))
@@ -358,8 +358,8 @@ def test_bad_checkpoints_give_errors_naming_the_file_and_the_fault(tmp_path: Pat
 def test_a_weights_only_file_serves_validation_but_not_a_resume(tmp_path: Path) -> None:
     """Lightning's own save_checkpoint(weights_only=True): enough to evaluate a model or
     start a new run from its weights, not to resume one bit-exactly."""
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
 
     run = fit(tmp_path, "ref", K, val_every=K)
     weights, full = tmp_path / "weights.ckpt", checkpoint_path(run.spec.run_dir, K)
@@ -460,8 +460,8 @@ def test_mismatched_optimizer_count_and_shapes_are_refused(tmp_path: Path) -> No
 def test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target(
     tmp_path: Path,
 ) -> None:
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
     from tests.conftest import NaNLossModule
 
     detector = SpikeDetector(ratio=1.4)
@@ -639,8 +639,8 @@ def test_a_signal_in_the_last_step_of_a_run_of_epochs_ends_it_as_finished(
 ) -> None:
     """A run that max_epochs ends (int limit_train_batches) ends at its last batch as
     finished too: it was reported preempted, with a file and nothing to resume."""
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
 
     epochs = {"max_steps": -1, "max_epochs": 1, "limit_train_batches": 6, "limit_val_batches": 0}
     spec = RunSpec(tmp_path, "run", 6, checkpoint_every=100, callbacks=[SignalAt(signal_step)])
@@ -661,7 +661,7 @@ def test_a_preemption_listed_first_still_saves_the_other_callbacks_state_of_its_
     moves itself just before the checkpoint callbacks, as Lightning moves those)."""
     import lightning.pytorch as pl
 
-    from lit_spikes.data import StepDataModule
+    from lit_spikes.demo.data import StepDataModule
 
     def run(name: str, signal_at: int | None, ckpt: Path | None = None) -> SpikeDetector:
         preemption = PreemptionCheckpoint(tmp_path / name / "checkpoints")
@@ -949,8 +949,8 @@ def test_retention_keeps_the_file_a_rollback_from_the_last_step_needs(
     """A spike in the last step trained (19 of 20) rolls back 4 steps: to a file at or
     before step 15 (an even distance once missed it by one); after an update skipped for
     a NaN at step 7, rollbacks refuse every later file, so the one before it must stay."""
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
     from tests.conftest import NaNLossModule
 
     directory = tmp_path / "run" / "checkpoints"
@@ -1027,8 +1027,8 @@ def test_resuming_into_the_same_run_purges_stale_steps(tmp_path: Path) -> None:
 
 
 def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
     from tests.test_callbacks import _NaNAtStep  # finite forward, NaN backward at step 12
 
     module = _NaNAtStep(gpt=TINY_GPT, optim=TINY_OPTIM)
@@ -1147,7 +1147,7 @@ def test_configs_refuse_non_finite_numbers(build: Any, message: str) -> None:
 @pytest.mark.parametrize("seed", [-1, 2**31])
 def test_a_train_seed_numpy_cannot_take_is_refused_when_built(seed: int) -> None:
     """Not a NumPy error at the first step (rank r seeds with train_seed + r)."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
 
     with pytest.raises(ValueError, match=re.escape(f"train_seed={seed} must be in [0, 2**31)")):
         TinyGPTModule(gpt=TINY_GPT, optim=TINY_OPTIM, train_seed=seed)

@@ -13,10 +13,10 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.ablations import ForgetOptimizerState, ForgetRNGState
 from lit_spikes.callbacks.exact_resume import STATE_KEY
-from lit_spikes.data import StepDataModule
-from lit_spikes.training import RunSpec, checkpoint_path
+from lit_spikes.demo.ablations import ForgetOptimizerState, ForgetRNGState
+from lit_spikes.demo.data import StepDataModule
+from lit_spikes.tools.training import RunSpec, checkpoint_path
 from tests.conftest import (
     TINY_DATA,
     TINY_GPT,
@@ -123,7 +123,7 @@ def test_resume_in_a_new_process_through_the_cli(tmp_path: Path, tiny_reference:
     config_file = tmp_path / "tiny.yaml"
     config_file.write_text(yaml.safe_dump(config))
     ckpt = checkpoint_path(reference.spec.run_dir, K)
-    command = [sys.executable, "-m", "lit_spikes.cli", "fit", "--config", str(config_file)]
+    command = [sys.executable, "-m", "lit_spikes.tools.cli", "fit", "--config", str(config_file)]
     result = subprocess.run(
         [*command, "--ckpt_path", str(ckpt)], capture_output=True, text=True, timeout=300
     )
@@ -201,7 +201,7 @@ def test_a_warm_start_from_load_from_checkpoint_draws_from_its_own_train_seed(
     """Weights loaded for a new run (no ckpt_path) start a run at step 0: its dropout masks
     come from train_seed, as for weights loaded with load_state_dict, not from the RNG
     states the checkpoint carries."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
 
     gpt = replace(TINY_GPT, dropout=0.2)
     ckpt = checkpoint_path(fit(tmp_path, "ref", K, checkpoint_every=K, gpt=gpt).spec.run_dir, K)
@@ -226,7 +226,7 @@ def test_a_new_run_from_loaded_weights_skips_none_of_the_old_runs_nan_steps(
     """The steps a run skipped (NaN loss) are its own: a new run from its weights
     (load_from_checkpoint, no ckpt_path) trains every step, as one from the same weights
     loaded by hand does, and its checkpoints mark none."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
     from tests.conftest import NaNLossModule
 
     with pytest.warns(UserWarning, match="non-finite loss at step 2"):
@@ -265,7 +265,7 @@ def test_load_from_checkpoint_and_validate_take_another_optimizer_config(
 ) -> None:
     """Weights need no optimizer: a new run's (fine-tuning) optimizer config, given to
     load_from_checkpoint or to a module that only validates, is no resume's mismatch."""
-    from lit_spikes.module import TinyGPTModule
+    from lit_spikes.demo.module import TinyGPTModule
 
     ckpt = checkpoint_path(fit(tmp_path, "ref", K, checkpoint_every=K).spec.run_dir, K)
     other = replace(TINY_OPTIM, peak_lr=0.001)
@@ -279,7 +279,7 @@ def test_load_from_checkpoint_and_validate_take_another_optimizer_config(
 
 def test_lightning_run_equals_plain_pytorch_loop(tmp_path: Path) -> None:
     """The Trainer adds nothing to the numerics: same weights as a hand-written loop."""
-    from lit_spikes.plain import evaluate_bpc, train_plain
+    from lit_spikes.demo.plain import evaluate_bpc, train_plain
 
     run = fit(tmp_path, "lightning", N, val_every=N)
     plain = train_plain(TINY_GPT, TINY_OPTIM, TINY_DATA, N, model_seed=0)
@@ -340,7 +340,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
     """The module's ``flush_denormal`` is what the training thread does, and what its
     checkpoints record."""
     from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
-    from lit_spikes.module import TinyGPTModule, set_flush_denormal
+    from lit_spikes.demo.module import TinyGPTModule, set_flush_denormal
 
     seen: list[bool] = []
 
@@ -365,7 +365,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
 
 def test_flush_denormal_enabled_reads_the_thread_state() -> None:
     from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
-    from lit_spikes.module import set_flush_denormal
+    from lit_spikes.demo.module import set_flush_denormal
 
     before = flush_denormal_enabled()
     try:

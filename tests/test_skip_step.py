@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lit_spikes.callbacks import SkipStep, SpikeDetector
-from lit_spikes.training import checkpoint_path
+from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import REPO, TINY_DATA, TINY_OPTIM, assert_states_equal, ddp_env, fit, load_ckpt
 
 N, POISON, K = 40, 28, 20
@@ -129,8 +129,8 @@ def test_a_detector_listed_before_skip_step_sees_the_skipped_steps_real_gradient
 
 def test_a_non_finite_loss_leaves_no_gradient_norm_in_any_window(tmp_path: Path) -> None:
     """Its gradients are dropped: its norm is not 0 in any window, and not a value."""
-    from lit_spikes.data import StepDataModule
-    from lit_spikes.training import RunSpec
+    from lit_spikes.demo.data import StepDataModule
+    from lit_spikes.tools.training import RunSpec
     from tests.conftest import TINY_GPT, NaNLossModule
 
     skip = SkipStep(monitor="grad_norm", window=8, sigma=6.0, warmup=2)

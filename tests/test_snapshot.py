@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from lit_spikes.model import build_model
-from lit_spikes.module import OptimConfig
-from lit_spikes.snapshot import restore_snapshot, take_snapshot
+from lit_spikes.demo.model import build_model
+from lit_spikes.demo.module import OptimConfig
+from lit_spikes.demo.snapshot import restore_snapshot, take_snapshot
 from tests.conftest import TINY_GPT
 
 
@@ -71,7 +71,7 @@ def test_a_plain_run_resumed_from_a_snapshot_equals_the_whole_run_with_dropout()
     masks the uninterrupted run drew, whatever the process's RNG did in between."""
     from dataclasses import replace
 
-    from lit_spikes.plain import train_plain
+    from lit_spikes.demo.plain import train_plain
     from tests.conftest import TINY_DATA, TINY_OPTIM
 
     gpt = replace(TINY_GPT, dropout=0.1)

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from lit_spikes.study.cells import REMEDIES, RESULT, placement
-from lit_spikes.study.cli import main
-from lit_spikes.study.config import QUICK, LeadConfig, StudyConfig
-from lit_spikes.study.findings import wilson
-from lit_spikes.study.leads import crossings, lead
+from lit_spikes.demo.study.cells import REMEDIES, RESULT, placement
+from lit_spikes.demo.study.cli import main
+from lit_spikes.demo.study.config import QUICK, LeadConfig, StudyConfig
+from lit_spikes.demo.study.findings import wilson
+from lit_spikes.demo.study.leads import crossings, lead
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "study"
 
@@ -63,7 +63,7 @@ def test_presets_are_the_yaml_files_and_the_default_meets_the_issue() -> None:
 
 
 def _built(values: dict[str, Any]) -> dict[str, Any]:
-    from lit_spikes.study.config import LeadConfig, SweepConfig
+    from lit_spikes.demo.study.config import LeadConfig, SweepConfig
 
     return values | {
         "sweep": SweepConfig(**values["sweep"]),
@@ -203,7 +203,7 @@ def test_quick_study_end_to_end_and_a_rerun_computes_only_what_is_unfinished(
 
 
 def test_lit_spikes_study_is_a_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from lit_spikes.cli import main as lit_spikes
+    from lit_spikes.tools.cli import main as lit_spikes
 
     with pytest.raises(SystemExit) as exit_info:
         lit_spikes(["--help"])

@@ -23,11 +23,17 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from lit_spikes.callbacks import ExactResume, SpikeDetector
-from lit_spikes.cli import main as cli_main
-from lit_spikes.detector_config import DetectorConfig
-from lit_spikes.diagnose import DiagnoseConfig, Replay, diagnose, verdict_cause
-from lit_spikes.recover import BranchRecord, RecoverConfig, RecoverResult, read_ledger, recover
-from lit_spikes.training import checkpoint_path, step_checkpoint
+from lit_spikes.tools.cli import main as cli_main
+from lit_spikes.tools.detector_config import DetectorConfig
+from lit_spikes.tools.diagnose import DiagnoseConfig, Replay, diagnose, verdict_cause
+from lit_spikes.tools.recover import (
+    BranchRecord,
+    RecoverConfig,
+    RecoverResult,
+    read_ledger,
+    recover,
+)
+from lit_spikes.tools.training import checkpoint_path, step_checkpoint
 from tests.spiky_modules import FEATURES, JumpRegressor, StepRegressionData
 from tests.test_recover_any import Crash, scale_lr, weights
 
@@ -162,7 +168,7 @@ def test_diagnose_replays_a_recover_branch_exactly_within_its_ledgers_steps(
 
 
 def test_exact_resume_is_added_unless_opted_out(tmp_path: Path) -> None:
-    from lit_spikes.recover.branch import Builders, branch_run
+    from lit_spikes.tools.recover.branch import Builders, branch_run
 
     record = BranchRecord(name="base", kind="base", start_step=0, ckpt_path=None, parent=None)
     for exact, added in ((True, 1), (False, 0)):
@@ -271,7 +277,7 @@ def test_a_bump_far_smaller_than_the_spike_is_not_its_recurrence(cycle_run: Path
 
 
 def test_the_no_spike_advice_names_options_that_exist() -> None:
-    from lit_spikes.diagnose import build_parser, explain
+    from lit_spikes.tools.diagnose import build_parser, explain
 
     same = Replay("r", 20, None, 3.0, 3.0, None, [], True, 40)  # a fresh detector's
     named = set(re.findall(r"--[a-z_.-]+", explain.no_spike_line(28, same, 3.0)))

@@ -1,7 +1,7 @@
 """Small modules and data for trying the resume check from the command line (the findings
 in docs/check-resume.md come from these):
 
-    python -m lit_spikes.check_resume --model lit_spikes.testing.examples.Regressor \\
+    python -m lit_spikes.tools.check_resume --model lit_spikes.testing.examples.Regressor \\
         --data lit_spikes.testing.examples.ShuffledData --data.num_workers 2 \\
         --steps 40 --resume_at 17
 """

@@ -1,0 +1,227 @@
+"""The study's report, computed from the cells' results alone: ``report.md`` (findings
+with their intervals, each seed's outcomes, early warning, the sweep), ``findings.csv``
+and ``cells.csv`` in the log root, and the report as text in TensorBoard."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lit_spikes.demo.study.cells import REMEDIES
+from lit_spikes.demo.study.config import StudyConfig
+from lit_spikes.demo.study.findings import Finding, findings
+from lit_spikes.demo.study.leads import spike_leads, summarize
+from lit_spikes.demo.study.sweep import sweep_points, sweep_summary
+
+
+@dataclass
+class StudyReport:
+    findings: list[Finding]
+    seeds: list[dict[str, dict[str, Any]]]
+    """Each seed's cell results by kind."""
+    leads: list[dict[str, Any]]
+    """Each flagged spike's leads, with its seed."""
+    lead_rows: list[dict[str, Any]]
+    sweep: list[dict[str, Any]]
+    sweep_lines: list[str]
+    markdown: str
+
+
+def machine() -> str:
+    """The CPU's model name (``lscpu``'s), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def by_seed(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """The seeds' cells (not the sweep's), each seed's by kind, in seed order."""
+    seeds: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for result in results.values():
+        if result["kind"] != "sweep":
+            key = (result["model_seed"], result["data_seed"])
+            seeds.setdefault(key, {})[result["kind"]] = dict(result)
+    return [seeds[key] for key in sorted(seeds, key=lambda k: (k[1], k[0]))]
+
+
+def build_report(
+    config: StudyConfig, results: Mapping[str, Mapping[str, Any]], wall_s: float | None = None
+) -> StudyReport:
+    seeds = by_seed(results)
+    leads = []
+    for seed in seeds:
+        reference = seed.get("reference")
+        if reference is None or not reference["spikes"]:
+            continue
+        norms_file = config.log_root / reference["name"] / "update_norms.json"
+        norms = json.loads(norms_file.read_text()) if norms_file.is_file() else {}
+        for item in spike_leads(reference, norms, config.leads):
+            leads.append({"model_seed": reference["model_seed"], **item})
+    lead_rows = summarize(leads)
+    sweep = sweep_points([r for r in results.values() if r["kind"] == "sweep"])
+    found = findings(seeds)
+    report = StudyReport(found, seeds, leads, lead_rows, sweep, sweep_summary(sweep), "")
+    report.markdown = _markdown(config, report, len(results), wall_s)
+    return report
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_f(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: float | None) -> str:
+    n = len(report.seeds)
+    took = f", {wall_s / 60:.1f} min" if wall_s else ""
+    lines = [
+        "# lit-spikes study",
+        "",
+        f"{n} of {len(config.seeds)} seeds done (model seeds {config.model_seeds}, data seeds "
+        f"{config.data_seeds}), "
+        f"{config.steps} steps each, peak LR {config.peak_lr:g}; {cells} cells on "
+        f"{machine()}{took}. One run's exact numbers differ from one CPU to another; these "
+        "frequencies are what a single run is one draw of.",
+        "",
+        "## Findings",
+        "",
+    ]
+    rows = []
+    for f in report.findings:
+        lo, hi = f.interval
+        rows.append([f.text, f"{f.holds} of {f.n}", f"{lo:.2f}-{hi:.2f}" if f.n else "-"])
+    lines += _table(["finding", "seeds", "95% Wilson interval"], rows)
+    lines += ["", *(f"- {f.sentence()}" for f in report.findings if f.n), ""]
+    lines += ["## Each seed: val bits/char at the end", ""]
+    header = [
+        "seed",
+        "spike",
+        "ckpt",
+        "do nothing",
+        *REMEDIES,
+        "max logit",
+        "QK-norm logit",
+        "diagnose",
+    ]
+    seed_rows = []
+    for seed in report.seeds:
+        ref = seed.get("reference", {})
+        any_cell = next(iter(seed.values()))
+        ckpt = next((c["params"].get("ckpt_step") for c in seed.values() if c["params"]), None)
+        seed_rows.append(
+            [
+                f"{any_cell['model_seed']}/{any_cell['data_seed']}",
+                ref.get("onset"),
+                ckpt,
+                ref.get("val_bpc"),
+                *(seed[k]["val_bpc"] if k in seed else None for k in REMEDIES),
+                _f(ref.get("max_logit"), 1) if ref else None,
+                _f(seed["qk_norm"]["max_logit"], 1) if "qk_norm" in seed else None,
+                seed["diagnose"]["cause"] if "diagnose" in seed else None,
+            ]
+        )
+    lines += _table(header, seed_rows)
+    lines += ["", "## Early warning", ""]
+    lines.append(
+        f"For each of the {len(report.leads)} flagged spikes: how many steps before the loss "
+        f"each signal exceeded {config.leads.ratio:g}x the mean of its previous "
+        f"{config.leads.window} values (within {config.leads.lookback} steps before it)."
+    )
+    lines.append("")
+    lead_table = [
+        [
+            r["signal"],
+            r["spikes"],
+            r["before"],
+            r["at_onset"],
+            r["none"],
+            r["median_lead"],
+            r["min_lead"],
+            r["max_lead"],
+        ]
+        for r in report.lead_rows
+    ]
+    lines += _table(
+        [
+            "signal",
+            "spikes",
+            "warned before",
+            "at the onset",
+            "no warning",
+            "median lead",
+            "min",
+            "max",
+        ],
+        lead_table,
+    )
+    lines += ["", "## LR sweep (Wortsman et al., 2023)", ""]
+    sweep_table = [
+        [
+            f"{r['peak_lr']:g}",
+            "yes" if r["qk_norm"] else "no",
+            r["seeds"],
+            r["final_loss"],
+            _f(r["max_logit"], 1),
+            _f(r["max_logit_max"], 1),
+        ]
+        for r in report.sweep
+    ]
+    lines += _table(
+        ["peak LR", "QK-norm", "seeds", "final loss", "max logit (mean)", "max logit (largest)"],
+        sweep_table,
+    )
+    lines += ["", *(f"- {line}" for line in report.sweep_lines), ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    config: StudyConfig, report: StudyReport, results: Mapping[str, Mapping[str, Any]]
+) -> list[Path]:
+    """``report.md``, ``findings.csv`` and ``cells.csv`` in the log root; returns them."""
+    root = config.log_root
+    paths = [root / "report.md", root / "findings.csv", root / "cells.csv"]
+    paths[0].write_text(report.markdown)
+    with paths[1].open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["key", "finding", "holds", "n", "fraction", "wilson_lo", "wilson_hi"])
+        for f in report.findings:
+            lo, hi = f.interval
+            writer.writerow([f.key, f.text, f.holds, f.n, f.holds / f.n if f.n else "", lo, hi])
+    keys = [
+        "name",
+        "kind",
+        "model_seed",
+        "data_seed",
+        "val_bpc",
+        "final_loss",
+        "max_logit",
+        "onset",
+        "cause",
+    ]
+    with paths[2].open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(keys)
+        for name in sorted(results):
+            writer.writerow([results[name].get(k, "") for k in keys])
+    from lit_spikes.tools.tb import write_summary
+
+    write_summary(root, {"study/report": report.markdown})
+    return paths

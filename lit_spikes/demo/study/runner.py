@@ -1,0 +1,276 @@
+"""A study is a job: its cells run in worker processes (one torch thread each, one per
+core), each writes its result into its own run directory, and a rerun of the same
+command takes every finished cell from its ``cell.json`` instead of computing it again.
+A cell without that file (killed half-way) is cleared and computed afresh."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from lit_spikes.checkpoints import atomic_write
+from lit_spikes.demo.study.cells import (
+    REMEDIES,
+    Cell,
+    first_cells,
+    read_result,
+    run_cell,
+    seed_cells,
+)
+from lit_spikes.demo.study.config import StudyConfig
+
+STUDY_FILE = "study.json"
+"""In the log root: the fingerprint of the config its cells were computed with."""
+
+
+class AnotherStudy(ValueError):
+    """The log root holds cells of a study with other settings."""
+
+
+class StudyInterrupted(BaseException):
+    """SIGINT or SIGTERM stopped the study; the cells done are kept for the rerun."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass
+class StudyRun:
+    """What a study's run did."""
+
+    results: dict[str, dict[str, Any]]
+    """Every cell's result by name."""
+    computed: list[str] = field(default_factory=list)
+    """The cells this run computed (the others were done before it)."""
+    wall_s: float = 0.0
+    workers: int = 1
+
+
+def check_log_root(config: StudyConfig) -> None:
+    """Refuses a log root whose cells were computed with other settings (a usage error:
+    nothing is run or written).
+
+    Raises:
+        AnotherStudy: its ``study.json`` names another fingerprint.
+    """
+    path = config.log_root / STUDY_FILE
+    if path.is_file():
+        saved = json.loads(path.read_text()).get("fingerprint")
+        if saved != config.fingerprint():
+            raise AnotherStudy(
+                f"{config.log_root} holds a study run with other settings (fingerprint "
+                f"{saved}, this one {config.fingerprint()}): give another --log_root, or "
+                "remove that directory to start over"
+            )
+
+
+def _mark_log_root(config: StudyConfig) -> None:
+    config.log_root.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"fingerprint": config.fingerprint()})
+    atomic_write(config.log_root / STUDY_FILE, lambda handle: handle.write(text.encode()))
+
+
+# ------------------------------------------------------------------------------ workers
+
+_PIDS: Any = None
+
+
+def _start_worker(pids: Any) -> None:
+    # Ctrl-C reaches the whole process group: the main process decides, and stops the
+    # workers with SIGTERM (a cell then stops at its next step, its file left unfinished).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)  # one core each: every cell computes what it would alone
+    pids.put(os.getpid())
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: Any) -> None:
+    """Ends this worker when the study's process is gone (SIGKILL): nobody would read
+    its result; the rerun computes the cell again."""
+    parent.join()
+    os._exit(128 + signal.SIGTERM)
+
+
+def _work(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    return run_cell(config, cell)
+
+
+def _context() -> Any:
+    if "forkserver" in mp.get_all_start_methods():
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["lit_spikes.demo.study.cells"])  # torch, Lightning once
+        return context
+    return mp.get_context("spawn")
+
+
+# ------------------------------------------------------------------------------ the job
+
+
+class _Progress:
+    """One line per finished cell: cells done of the total known, time left from the
+    work done so far (cells weighted by their training steps)."""
+
+    def __init__(self, config: StudyConfig, out: TextIO) -> None:
+        self.config, self.out, self.start = config, out, time.perf_counter()
+        self.cost_done = 0
+
+    def remaining_cost(self, waiting: list[Cell], running: list[Cell], open_seeds: int) -> int:
+        per_seed = len(REMEDIES) * (self.config.steps - self.config.checkpoint_every * 2)
+        return sum(c.cost for c in waiting + running) + open_seeds * per_seed
+
+    def line(self, done: int, total: int, computed: int, remaining: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        rate = self.cost_done / elapsed if elapsed > 0 else 0.0
+        left = f"~{_clock(remaining / rate)} left" if rate > 0 else "time left unknown"
+        print(
+            f"study: {done}/{total} cells done ({computed} computed now), "
+            f"{_clock(elapsed)} elapsed, {left}",
+            file=self.out,
+            flush=True,
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    def stop(signum: int, frame: Any) -> None:
+        raise StudyInterrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def done_cells(config: StudyConfig) -> StudyRun:
+    """The results of the cells done so far, computing nothing (an interim report of a
+    study still running, or stopped): a seed's later cells only where its reference is
+    done."""
+    run = StudyRun({})
+    known = first_cells(config)
+    while known:
+        cell = known.pop(0)
+        result = read_result(config.log_root, cell)
+        if result is None or result.get("fingerprint") != config.fingerprint():
+            continue
+        run.results[cell.name] = result
+        if cell.kind == "reference":
+            known += seed_cells(config, result)
+    return run
+
+
+def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> StudyRun:
+    """Compute every cell of ``config`` not done yet, ``workers`` at a time, and return
+    all their results (with ``workers`` 1: here, one after the other).
+
+    Raises:
+        AnotherStudy: the log root holds another study's cells.
+        StudyInterrupted: SIGINT or SIGTERM; rerun the same command to continue.
+    """
+    check_log_root(config)
+    _mark_log_root(config)
+    start = time.perf_counter()
+    run = StudyRun({}, workers=workers)
+    waiting: list[Cell] = []
+    open_seeds = {(m, d) for m, d in config.seeds}
+    progress = _Progress(config, sys.stderr if out is None else out)
+
+    def take(cell: Cell, first: bool = False) -> None:
+        """A cell done before (its result read), or one to compute (its leftovers gone):
+        ``first``, before those waiting."""
+        result = read_result(config.log_root, cell)
+        if result is not None and result.get("fingerprint") == config.fingerprint():
+            finished(cell, result)
+        else:
+            shutil.rmtree(config.log_root / cell.name, ignore_errors=True)
+            waiting.insert(0 if first else len(waiting), cell)
+
+    def finished(cell: Cell, result: dict[str, Any]) -> None:
+        run.results[cell.name] = result
+        if cell.kind == "reference":
+            open_seeds.discard((cell.model_seed, cell.data_seed))
+            # A seed's cells before the next seed's: a study stopped early has whole seeds.
+            for follower in reversed(seed_cells(config, result)):
+                take(follower, first=True)
+
+    for cell in first_cells(config):
+        take(cell)
+    with _signals_stop():
+        if workers == 1:
+            while waiting:
+                cell = waiting.pop(0)
+                finished(cell, run_cell(config, cell))
+                run.computed.append(cell.name)
+                progress.cost_done += cell.cost
+                total = len(run.results) + len(waiting)
+                total += len(open_seeds) * (len(REMEDIES) + 1)
+                remaining = progress.remaining_cost(waiting, [], len(open_seeds))
+                progress.line(len(run.results), total, len(run.computed), remaining)
+        else:
+            _run_pool(config, workers, waiting, run, finished, progress, open_seeds)
+    run.wall_s = time.perf_counter() - start
+    return run
+
+
+def _run_pool(
+    config: StudyConfig,
+    workers: int,
+    waiting: list[Cell],
+    run: StudyRun,
+    finished: Any,
+    progress: _Progress,
+    open_seeds: set[tuple[int, int]],
+) -> None:
+    context = _context()
+    pids = context.Queue()
+    pool = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker, initargs=(pids,)
+    )
+    futures: dict[Future[dict[str, Any]], Cell] = {}
+    try:
+        while waiting or futures:
+            while waiting and len(futures) < workers:
+                cell = waiting.pop(0)
+                futures[pool.submit(_work, config, cell)] = cell
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in done:
+                cell = futures.pop(future)
+                finished(cell, future.result())  # a cell's error is raised here
+                run.computed.append(cell.name)
+                progress.cost_done += cell.cost
+            total = len(run.results) + len(waiting) + len(futures)
+            total += len(open_seeds) * (len(REMEDIES) + 1)  # a seed's cells after its reference
+            remaining = progress.remaining_cost(waiting, list(futures.values()), len(open_seeds))
+            progress.line(len(run.results), total, len(run.computed), remaining)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        while not pids.empty():
+            with suppress(ProcessLookupError):
+                os.kill(pids.get_nowait(), signal.SIGTERM)  # a worker this study started
+        raise
+    pool.shutdown(wait=True)

@@ -1,5 +1,0 @@
-"""``python -m lit_spikes.diagnose``: the same as ``lit-spikes diagnose``."""
-
-from lit_spikes.diagnose.cli import main
-
-main()

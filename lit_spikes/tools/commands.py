@@ -1,0 +1,19 @@
+"""The ``lit-spikes`` top-level description: light (no torch, no Lightning), so that
+the console script's help answers at once and the fit CLI can show it without
+importing the dispatcher."""
+
+DESCRIPTION = """lit-spikes: train a Lightning module that resumes bit-exactly and survives loss
+spikes (a tiny GPT by default).
+
+Commands:
+  fit           train (LightningCLI: --model CLASS_PATH, --data CLASS_PATH, the
+                project's tiny GPT and its data by default, --model.*, --data.*,
+                --trainer.*, --config, --ckpt_path, --checkpoint_every); also
+                validate (a checkpoint or a fresh model)
+  recover       train with automatic spike recovery (lit-spikes recover --help)
+  diagnose      replay a spike from a checkpoint: data-caused, state-caused or not
+                reproducible (lit-spikes diagnose --help)
+  check-resume  does a LightningModule resume bit for bit, and if not, what breaks it
+                (lit-spikes check-resume --help)
+  study         the demos' experiment over many seeds, an LR sweep, each finding's
+                frequency with an interval (lit-spikes study --help)"""

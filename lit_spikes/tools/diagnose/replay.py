@@ -1,0 +1,310 @@
+"""One replay of a spike: a Lightning run resumed from a real checkpoint with the module,
+data and remedy callbacks of the original (``subject``), trained past the spike with a
+recorder of each step's numbers, then judged by a detector that continues the run's own
+where the checkpoint holds it."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.seed import seed_everything
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lit_spikes.callbacks import BatchSkipper, SpikeDetector
+from lit_spikes.callbacks.exact_resume import STATE_KEY
+from lit_spikes.checkpoints import load_checkpoint
+from lit_spikes.loader import positioned
+from lit_spikes.tools.detector_config import DetectorConfig
+from lit_spikes.tools.diagnose.config import DiagnoseConfig
+from lit_spikes.tools.diagnose.subject import Subject
+from lit_spikes.tools.diagnose.verdict import Replay, bit_equal, rise
+from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
+from lit_spikes.tools.training import RunSpec, quiet_branches
+
+LOSS_TAGS = ("train/loss", "loss")
+"""The TensorBoard tags a run's loss is looked for under, in order (TinyGPTModule logs
+``train/loss``; a module's ``self.log("loss", ...)`` is ``loss``), after the detector's
+monitor."""
+
+
+class CheckpointReads:
+    """Each checkpoint file a diagnosis uses, loaded (and its checks run) once: the
+    step checks, the remedies, the data config and every replay of one file share it.
+    Callers copy what they change (a callback's state, a detector's)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[Path, dict[str, Any]] = {}
+
+    def __call__(self, path: str | Path) -> dict[str, Any]:
+        """The checkpoint at ``path``.
+
+        Raises:
+            CheckpointError: as ``load_checkpoint``.
+        """
+        key = Path(path).resolve()
+        if key not in self._loaded:
+            self._loaded[key] = load_checkpoint(path)
+        return self._loaded[key]
+
+
+def logged_losses(run_dir: Path, tags: Sequence[str] = LOSS_TAGS) -> dict[int, float]:
+    """The loss a run logged to TensorBoard, by step (the last value of a step logged
+    twice), under the first of ``tags`` its events hold; empty when it has no events or
+    none of them."""
+    if not any(run_dir.glob("events.out.tfevents.*")):
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    held = accumulator.Tags().get("scalars", [])
+    for tag in tags:
+        if tag in held:
+            return {int(e.step): float(e.value) for e in accumulator.Scalars(tag)}
+    return {}
+
+
+def logged_loss(run_dir: Path, step: int, tags: Sequence[str] = LOSS_TAGS) -> float | None:
+    """The loss a run logged to TensorBoard at ``step`` (None: not found)."""
+    return logged_losses(run_dir, tags).get(step)
+
+
+class StepRecorder(Callback):
+    """Each step's numbers as plain floats, by step: ``loss`` (what ``training_step``
+    returned), ``position`` (the data position the step trained on: its step where the
+    data is not positioned), the ``names`` the detector watches (``grad_norm`` before any
+    clipping; others from ``callback_metrics``), and whatever the module's own record of
+    the step holds (TinyGPTModule's ``history``: its ``max_logit``). First among the
+    callbacks: it measures the gradients before a remedy drops them."""
+
+    def __init__(self, names: Sequence[str] = ()) -> None:
+        self.names = tuple(names)
+        self.records: dict[int, dict[str, float]] = {}
+        self.drew = False
+        """A step after the first drew from torch's RNG (dropout): where the checkpoint
+        holds no RNG states, a replay's draws are not the run's."""
+        self._step = 0
+        self._grad_norm = math.nan
+        self._rng: torch.Tensor | None = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._step, self._grad_norm = trainer.global_step, math.nan
+        # Not in the first step: ExactResume sets the RNG states after this hook there.
+        self._rng = torch.random.get_rng_state() if self.records else None
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if "grad_norm" in self.names:
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            if grads:
+                self._grad_norm = float(torch.nn.utils.get_total_norm(grads))
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        step = self._step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        data = positioned(trainer)
+        row: dict[str, float] = {
+            "step": step,
+            "loss": float(loss) if isinstance(loss, torch.Tensor) else math.nan,
+            "position": data.position_of_step(step) if data is not None else step,
+        }
+        for name in (n for n in self.names if n != "loss"):
+            value = trainer.callback_metrics.get(name)
+            if name == "grad_norm":
+                row[name] = self._grad_norm
+            elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                row[name] = float(value)
+        history = getattr(pl_module, "history", None)
+        own = history[-1] if isinstance(history, list) and history else None
+        if isinstance(own, dict) and own.get("step") == step:  # the module's record of it
+            row |= own
+        self.records[step] = row
+        if self._rng is not None and not torch.equal(self._rng, torch.random.get_rng_state()):
+            self.drew = True
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The settings of the detector that judges every replay, and whose they are."""
+
+    settings: dict[str, Any]
+    """``SpikeDetector``'s arguments (``min_step`` aside: the window decides)."""
+    source: str
+    """Whose settings these are, for the evidence."""
+
+    @property
+    def monitors(self) -> tuple[str, ...]:
+        return self.detector().monitors
+
+    def detector(self, warmup: int | None = None) -> SpikeDetector:
+        changes = {} if warmup is None else {"warmup": warmup}
+        return SpikeDetector(**{**self.settings, **changes, "min_step": 0})
+
+
+def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge:
+    """``config``'s detector; None: the run's own, the first ``SpikeDetector`` whose state
+    the checkpoint holds, rebuilt from its state key (which names its settings), else the
+    default settings."""
+    if config is not None:
+        detector = config.build(0)
+        settings = {"monitor": list(detector.monitors), "window": detector.window}
+        settings |= {"warmup": detector.warmup, "ratio": detector.ratio}
+        settings |= {"z_score": detector.z_score, "action": "log"}
+        return Judge(settings, "DiagnoseConfig.detector (--detector.*)")
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        parsed = parse_state_key(str(key))
+        built = rebuild(str(key), state) if parsed and parsed[0] == "SpikeDetector" else None
+        if built is not None:
+            _, init_args, _ = built
+            call = ", ".join(f"{k}={v!r}" for k, v in init_args.items() if k != "action")
+            return Judge(init_args, f"the run's SpikeDetector({call})")
+    return judge_of(DetectorConfig(), checkpoint)
+
+
+def judging_detector(judge: Judge, checkpoint: dict[str, Any], steps: int) -> SpikeDetector:
+    """An offline detector whose reference continues the original run's when the
+    checkpoint holds a detector of the same settings; otherwise one whose warm-up fits
+    in the ``steps`` replayed before the judged range."""
+    detector = judge.detector()
+    state = detector.state_in(checkpoint)
+    if state is not None:
+        detector.load_state_dict(copy.deepcopy(state))  # the checkpoint is shared
+        detector.spikes.clear()
+        detector.num_spikes = 0
+        return detector
+    return judge.detector(warmup=min(detector.warmup, max(2, steps)))
+
+
+@dataclass
+class Replayer:
+    """Replays of one spike, each from a checkpoint, with the run's module, data,
+    callbacks and Trainer arguments; ``reads`` loads each file once."""
+
+    spike_step: int
+    subject: Subject
+    trainer_kwargs: dict[str, Any]
+    original: float | None
+    config: DiagnoseConfig
+    log_root: Path
+    reads: CheckpointReads
+    judge: Judge = field(default_factory=lambda: judge_of(DetectorConfig(), {}))
+    end_step: int | None = None
+    """The run's end (its ``max_steps``): no replay trains past it (None: not known)."""
+    incomparable: str | None = None
+    """Why a replay here cannot match the original to the bit (another CPU's kernels,
+    other versions, a multi-process run): a differing loss then proves nothing."""
+    drew_without_states: bool = False
+    """A replay drew random numbers that the checkpoint holds no RNG states for."""
+
+    def run(
+        self,
+        label: str,
+        ckpt_path: Path,
+        skipped: tuple[int, int] | None = None,
+        remedies_of: Path | None = None,
+    ) -> tuple[Replay, dict[int, dict[str, float]]]:
+        """Replay from ``ckpt_path``, with the remedy callbacks ``remedies_of`` holds (by
+        default the same file's) unless the caller gave callbacks."""
+        checkpoint = self.reads(ckpt_path)
+        k = int(checkpoint["global_step"])
+        remedies = ckpt_path if remedies_of is None else remedies_of
+        recorder = StepRecorder(self.judge.monitors)
+        callbacks = [recorder, *self.subject.callbacks_for(self.reads(remedies), remedies)]
+        callbacks = with_exact_resume(callbacks, self.config.exact_resume)
+        if skipped is not None:
+            callbacks.append(BatchSkipper(ranges=[skipped]))
+        # Past the LR schedule's end too (a run, recover's, may train on at its floor LR),
+        # but not past the run's: a OneCycleLR raises there.
+        end = self.spike_step + self.config.horizon + 1
+        spec = RunSpec(
+            log_root=self.log_root,
+            name=label,
+            max_steps=end if self.end_step is None else min(end, self.end_step),
+            callbacks=callbacks,
+            progress_bar=False,
+            trainer_kwargs={"limit_val_batches": 0, **self.trainer_kwargs},
+            resume_step=k,
+        )
+        if self.config.seed is not None:  # every replay draws what the one before drew
+            seed_everything(self.config.seed, verbose=False)
+        module, datamodule = self.subject.model(), self.subject.data()
+        start = time.perf_counter()
+        with quiet_branches():
+            spec.trainer().fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        wall = time.perf_counter() - start
+        records = recorder.records
+        if self.spike_step not in records:
+            raise RuntimeError(
+                f"the replay {label} from step {k} never reached spike_step={self.spike_step}"
+            )
+        if recorder.drew and not has_rng_states(checkpoint):
+            self.drew_without_states = True
+        replay = self._judge(label, checkpoint, records, skipped)
+        replay.wall_s = wall
+        return replay, records
+
+    def _judge(
+        self,
+        label: str,
+        checkpoint: dict[str, Any],
+        records: dict[int, dict[str, float]],
+        skipped: tuple[int, int] | None,
+    ) -> Replay:
+        """The replay's numbers around the spike, as the judging detector sees them."""
+        k = int(checkpoint["global_step"])
+        first = self.spike_step - self.config.window_before
+        detector = judging_detector(self.judge, checkpoint, first - k)
+        continued = detector.state_in(checkpoint) is not None
+        flagged: list[int] = []
+        excess: dict[str, float] = {}
+        at_spike: dict[str, float] = {}
+        for step in sorted(records):
+            found = detector.check(step, records[step])
+            if step >= first and found:
+                flagged.append(step)
+            for spike in found if step >= first else []:
+                metric, size = str(spike["metric"]), rise(spike)
+                excess[metric] = max(excess.get(metric, -math.inf), size)
+                if step == self.spike_step:
+                    at_spike[metric] = size
+        judged = [records[s] for s in sorted(records) if s >= first]
+        loss = float(records[self.spike_step]["loss"])
+        equal = bit_equal(loss, self.original)
+        return Replay(
+            label=label,
+            ckpt_step=k,
+            skipped=skipped,
+            loss_at_spike=loss,
+            max_loss=max(float(r["loss"]) for r in judged),
+            max_logit=max(
+                (float(r["max_logit"]) for r in judged if "max_logit" in r), default=None
+            ),
+            flagged=flagged,
+            bit_equal=None if self.incomparable and not equal else equal,
+            last_step=max(records),
+            detector_from_checkpoint=continued,
+            excess=excess,
+            spike_excess=at_spike,
+        )
+
+
+def has_rng_states(checkpoint: dict[str, Any]) -> bool:
+    """Whether ``checkpoint`` holds ExactResume's RNG states (the run's draws)."""
+    return STATE_KEY in (checkpoint.get("callbacks") or {})

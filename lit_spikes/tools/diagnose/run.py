@@ -1,0 +1,284 @@
+"""``diagnose``: the replays a spike's question calls for, in order, and the verdict
+``verdict_cause`` draws from their numbers, with the evidence that explains it."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lit_spikes.callbacks.exact_resume import (
+    clipping_from_checkpoint,
+    saved_fingerprint,
+    software_fingerprint,
+)
+from lit_spikes.tools.defaults import flat_config, plain_config
+from lit_spikes.tools.diagnose import explain
+from lit_spikes.tools.diagnose.config import DiagnoseConfig
+from lit_spikes.tools.diagnose.replay import (
+    LOSS_TAGS,
+    CheckpointReads,
+    Judge,
+    Replayer,
+    judge_of,
+    logged_losses,
+)
+from lit_spikes.tools.diagnose.subject import (
+    CallbacksSource,
+    DataSource,
+    ModelSource,
+    run_config,
+    subject_of,
+)
+from lit_spikes.tools.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
+
+
+def diagnose(
+    ckpt_path: str | Path,
+    spike_step: int,
+    config: DiagnoseConfig | None = None,
+    *,
+    model: ModelSource | None = None,
+    data: DataSource | None = None,
+    callbacks: CallbacksSource | None = None,
+    trainer_kwargs: dict[str, Any] | None = None,
+    original_loss: float | None = None,
+    earlier_ckpt: str | Path | None = None,
+    log_root: str | Path | None = None,
+    reads: CheckpointReads | None = None,
+) -> Verdict:
+    """Replay a spike from a checkpoint before it and say what caused it.
+
+    Args:
+        ckpt_path: a Lightning checkpoint of the run, written before ``spike_step``.
+        spike_step: global step of the spike's onset.
+        config: replay lengths, the other-data window, the detector (None: the run's,
+            from the checkpoint's record), the loss's tag, ExactResume and the seed.
+        model: the run's LightningModule: a factory (called once per replay) or a class
+            path, ``{"class_path", "init_args"}`` or ``ClassPath`` (None: the run's
+            ``config.yaml``'s, else TinyGPTModule, which is built from the checkpoint).
+        data: a factory of the run's LightningDataModule (or of None: the module's own
+            dataloaders), a class path, or StepDataModule's ``DataConfig`` (None: the
+            run's ``config.yaml``'s, else the checkpoint's StepDataModule for TinyGPT).
+            Replay (b) skips data positions: a ``StepLoader`` or ``PositionedData``.
+        callbacks: the run's callbacks, a list (copied for each replay) or a factory
+            (None: rebuilt as a ``lit-spikes fit`` resume does; ``subject``).
+        trainer_kwargs: other Trainer arguments of the run (None: the checkpoint's
+            gradient clipping; ``gradient_clip_val`` sets another, 0 none).
+        original_loss: the loss the run logged at ``spike_step`` (None: from the run's
+            TensorBoard events, ``<ckpt>/../..``, under ``config.loss_tag``).
+        earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
+            remedies ``ckpt_path`` holds (a recover branch's parent's file, too).
+        log_root: where the replays' TensorBoard runs go (None: a temporary directory).
+        reads: the files already read (the CLI's); each file is read once.
+
+    Raises:
+        CheckpointError: a checkpoint that cannot be resumed from.
+        ValueError: a spike or earlier file not after/before the checkpoint, a spike at or
+            past the run's end, a bad class.
+    """
+    config = config or DiagnoseConfig()
+    reads = reads or CheckpointReads()
+    ckpt_path = Path(ckpt_path)
+    checkpoint = reads(ckpt_path)
+    _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
+    end = run_end(ckpt_path, checkpoint)
+    if end is not None and spike_step >= end[0]:
+        raise ValueError(
+            f"spike_step={spike_step} is past the run's end: it trains steps up to "
+            f"{end[0] - 1} ({end[1]}); give a step of the run"
+        )
+    subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
+    judge = judge_of(config.detector, checkpoint)
+    trainer_kwargs = dict(trainer_kwargs or {})
+    if "gradient_clip_val" not in trainer_kwargs:
+        trainer_kwargs |= clipping_from_checkpoint(checkpoint)
+    original = original_loss
+    if original is None:
+        original = _logged_original(ckpt_path, spike_step, _loss_tags(config, judge))
+    with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
+        root = Path(log_root) if log_root is not None else Path(temp)
+        replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
+        replayer.judge, replayer.end_step = judge, None if end is None else end[0]
+        replayer.incomparable = _incomparable(checkpoint)
+        earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
+        verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
+    # After replay (a)'s line, which stays the first
+    notes = [f"Judged by {judge.source}."]
+    replayed_to = spike_step + config.horizon + 1
+    if end is not None and end[0] < replayed_to:
+        notes.append(f"Replays end at step {end[0]}, the run's end ({end[1]}), not {replayed_to}.")
+    verdict.evidence[1:1] = notes
+    return verdict
+
+
+def _loss_tags(config: DiagnoseConfig, judge: Judge) -> tuple[str, ...]:
+    """The TensorBoard tags the run's loss may be under: the configured one, else
+    ``train/loss``, the judging detector's monitored names (the run's), ``loss``."""
+    if config.loss_tag is not None:
+        return (config.loss_tag,)
+    watched = [name for name in judge.monitors if name != "grad_norm"]
+    return tuple(dict.fromkeys([LOSS_TAGS[0], *watched, *LOSS_TAGS[1:]]))
+
+
+def _ledger_steps(ckpt_path: Path) -> int | None:
+    """The steps of the recover run whose branch wrote ``ckpt_path`` (its ledger's
+    config, ``<log_root>/ledger.json``, ``<log_root>/<branch>/checkpoints/<file>``);
+    None where none is found."""
+    from lit_spikes.tools.recover.config import RecoverConfig  # the ledger's own reading
+    from lit_spikes.tools.recover.ledger import LEDGER_NAME
+
+    for root in list(ckpt_path.resolve().parents)[1:4]:
+        try:
+            saved = json.loads((root / LEDGER_NAME).read_text())["config"]
+            return RecoverConfig.from_dict({**saved, "log_root": str(root)}).steps
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
+def run_end(ckpt_path: Path, checkpoint: dict[str, Any]) -> tuple[int, str] | None:
+    """The global step at which the checkpoint's run ends, and what says so: its
+    ``config.yaml``'s ``trainer.max_steps`` (lit-spikes fit), its recover ledger's steps, or
+    an LR scheduler that counts its steps (``OneCycleLR``'s ``total_steps``, which raises
+    a step later; stepped once per step); the earliest of them. None: none says."""
+    ends: list[tuple[int, str]] = []
+    trainer = run_config(ckpt_path).get("trainer")
+    steps = trainer.get("max_steps") if isinstance(trainer, dict) else None
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+        ends.append((steps, f"its config.yaml's trainer.max_steps={steps}"))
+    ledger = _ledger_steps(ckpt_path)
+    if ledger is not None:
+        ends.append((ledger, f"its recover ledger's max_steps={ledger}"))
+    k = int(checkpoint["global_step"])
+    for state in checkpoint.get("lr_schedulers") or []:
+        total = state.get("total_steps") if isinstance(state, dict) else None
+        last = state.get("last_epoch") if isinstance(state, dict) else None
+        if isinstance(total, int) and isinstance(last, int):
+            ends.append((k + total - last, f"its LR scheduler's total_steps={total}"))
+    return min(ends) if ends else None
+
+
+def _check_files(
+    reads: CheckpointReads, ckpt_path: Path, spike_step: int, earlier_ckpt: str | Path | None
+) -> None:
+    """The spike after the checkpoint, the earlier file before it and of the same run.
+
+    Raises:
+        ValueError: naming the file and the steps.
+    """
+    k = int(reads(ckpt_path)["global_step"])
+    if not k < spike_step:
+        raise ValueError(
+            f"spike_step={spike_step} must be after the checkpoint's step {k} ({ckpt_path})"
+        )
+    if earlier_ckpt is not None:
+        earlier_step = int(reads(earlier_ckpt)["global_step"])
+        if earlier_step >= k:
+            raise ValueError(
+                f"earlier_ckpt={earlier_ckpt} is at step {earlier_step}, not before the "
+                f"checkpoint's step {k}"
+            )
+        _refuse_another_run(ckpt_path, reads(ckpt_path), Path(earlier_ckpt), reads)
+
+
+def _logged_original(ckpt_path: Path, spike_step: int, tags: tuple[str, ...]) -> float | None:
+    """The loss the checkpoint's run logged at ``spike_step`` (its TensorBoard events,
+    under the first of ``tags`` they hold).
+
+    Raises:
+        ValueError: a step past the run's last logged one (a typo, most likely).
+    """
+    logged = logged_losses(ckpt_path.parent.parent, tags)
+    if logged and spike_step > max(logged):
+        # a typo (1470 for 147) would replay a thousand steps, then find no spike
+        raise ValueError(
+            f"spike_step={spike_step} is past the last step the checkpoint's run logged "
+            f"({max(logged)}): give a step of that run (or its loss, --spike_loss, for a "
+            "step it did not log)"
+        )
+    return logged.get(spike_step)
+
+
+def _incomparable(checkpoint: dict[str, Any]) -> str | None:
+    """Why a replay in this process cannot reproduce the checkpoint's run to the bit
+    (None: it can)."""
+    saved = saved_fingerprint(checkpoint)
+    here = software_fingerprint()
+    differ = [
+        f"{key} {saved[key]!r} there, {value!r} here"
+        for key, value in here.items()
+        if key in saved and saved[key] != value
+    ]
+    if int(saved.get("world_size", 1)) > 1:
+        differ.append(
+            f"the run trained on {saved['world_size']} processes: its logged loss is rank 0's "
+            "rows', a replay's the whole batch's"
+        )
+    return "; ".join(differ) or None
+
+
+def _refuse_another_run(
+    ckpt_path: Path, checkpoint: dict[str, Any], earlier: Path, reads: CheckpointReads
+) -> None:
+    """An earlier checkpoint of another run (another model, optimizer or seeds) cannot
+    replay this one's history: its replay would differ and blame the later state.
+
+    Raises:
+        ValueError: naming the settings that differ.
+    """
+    mine = flat_config(plain_config(checkpoint.get("hyper_parameters", {})))
+    theirs = flat_config(plain_config(reads(earlier).get("hyper_parameters", {})))
+    differ = [
+        f"{key}: {theirs[key]!r} there, {mine[key]!r} here"
+        for key in sorted(mine.keys() & theirs.keys())  # a key newer code added is no difference
+        if mine[key] != theirs[key] and key not in ("num_threads", "flush_denormal")
+    ]
+    if differ:
+        raise ValueError(
+            f"earlier_ckpt={earlier} is not of the run of {ckpt_path} ({'; '.join(differ)}): "
+            "give an earlier checkpoint of the same run (or of its recover branch's parent)"
+        )
+
+
+def _replay_and_judge(
+    replayer: Replayer, ckpt_path: Path, earlier_ckpt: Path | None, original: float | None
+) -> Verdict:
+    """Replay (a); where it leaves the question open, (b) and (c); then the verdict."""
+    spike_step, config = replayer.spike_step, replayer.config
+    same, records = replayer.run("replay_same_data", ckpt_path)
+    k = same.ckpt_step
+    if replayer.drew_without_states:
+        replayer.incomparable = "; ".join(filter(None, [replayer.incomparable, explain.NO_RNG]))
+        same.bit_equal = None if same.bit_equal is False else same.bit_equal
+    evidence = [explain.same_data_line(spike_step, same, original, replayer.incomparable)]
+    decided = cause_from_same_data(spike_step, same)
+    if decided is not None:
+        if decided == "no-spike":
+            evidence.append(explain.no_spike_line(spike_step, same, original))
+        else:
+            evidence.append(explain.NOT_REPRODUCED)
+        return Verdict(decided, spike_step, k, str(ckpt_path), original, same, None, None, evidence)
+    position = int(records[spike_step]["position"])
+    first = int(records[k]["position"]) if k in records else k
+    window = (max(first, position - config.window_before), position + config.window_after + 1)
+    other, _ = replayer.run("replay_other_data", ckpt_path, window)
+    earlier: Replay | None = None
+    if earlier_ckpt is not None:
+        # Against the run's own full loss where one is known to the bit; else (none given,
+        # or one given rounded) the same-data replay's, which matched it
+        replayer.original = original if same.bit_equal else same.loss_at_spike
+        replayer.incomparable = None  # (c) is held against a replay of this process
+        # The run's remedies are the later file's: an earlier one may be the parent's, from
+        # before a recover branch started with them (its skip set, its LR scale).
+        earlier, _ = replayer.run("replay_earlier_ckpt", earlier_ckpt, remedies_of=ckpt_path)
+        if replayer.drew_without_states and earlier.bit_equal is False:
+            earlier.bit_equal = None  # other draws than the later file's replay: no evidence
+    evidence.append(explain.other_data_line(spike_step, same, other, position, config))
+    if earlier is not None:
+        evidence += explain.earlier_lines(spike_step, same, earlier)
+    cause = verdict_cause(spike_step, same, other, earlier, config.recurrence)
+    if cause in explain.READINGS:
+        evidence.append(explain.READINGS[cause])
+    return Verdict(cause, spike_step, k, str(ckpt_path), original, same, other, earlier, evidence)

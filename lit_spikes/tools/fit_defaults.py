@@ -1,0 +1,212 @@
+"""What ``lit-spikes fit`` gives a user's module without being asked, as the project's
+own module has it: an ``ExactResume`` (``--exact_resume``), a seed (``--seed_everything``,
+0) and one torch thread (``--num_threads``); a run's length required up front; and a
+resume from ``--ckpt_path`` alone rebuilt from the run's record (its ``config.yaml``).
+The decisions are pure functions of the parsed values; ``fit_cli`` applies them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from lit_spikes.tools.defaults import DEMO_MODEL
+
+EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
+NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
+SEED_HELP = "0 for another --model (TinyGPTModule seeds itself); false: no seeding."
+
+RECORDED_TOP = ("seed_everything", "num_threads", "exact_resume", "checkpoint_every")
+"""Settings of a user's run that a resume takes from its record unless given."""
+
+RECORDED_TRAINER = (
+    "max_steps",
+    "max_epochs",
+    "max_time",
+    "min_steps",
+    "min_epochs",
+    "limit_train_batches",
+    "limit_val_batches",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "num_sanity_val_steps",
+    "accumulate_grad_batches",
+    "gradient_clip_algorithm",
+    "precision",
+    "deterministic",
+    "accelerator",
+    "devices",
+    "num_nodes",
+    "strategy",
+)
+"""The Trainer settings of the record that decide what a resumed run trains: its length
+and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli`` takes
+them from the same file) nor the clipping (from the checkpoint)."""
+
+RECORD_NAME = "config.yaml"
+OWN_MODEL = DEMO_MODEL
+
+
+def add_fit_options(parser: ArgumentParser) -> None:
+    """``--exact_resume`` and ``--num_threads``."""
+    parser.add_argument("--exact_resume", type=bool, default=True, help=EXACT_RESUME_HELP)
+    parser.add_argument("--num_threads", type=int | None, default=None, help=NUM_THREADS_HELP)
+
+
+def add_seed_option(parser: ArgumentParser) -> None:
+    """LightningCLI's ``--seed_everything``, with None as "the default for this module"."""
+    parser.add_argument("--seed_everything", type=bool | int | None, default=None, help=SEED_HELP)
+
+
+def seed_for(given: bool | int | None, own_model: bool) -> bool | int:
+    """The seed LightningCLI runs ``seed_everything`` with (False: none): as given, else
+    none for the project's module (it seeds itself) and 0 for any other, so that two
+    identical commands train identical weights."""
+    if given is None:
+        return False if own_model else 0
+    return given
+
+
+def threads_for(given: int | None, own_model: bool) -> tuple[int | None, str | None]:
+    """``(threads to set, None)`` or ``(None, a usage error)``; ``(None, None)``: leave
+    them to the project's module, which sets its ``num_threads`` in ``setup``."""
+    if own_model:
+        if given is not None:
+            return None, (
+                f"--num_threads={given}: TinyGPTModule sets its own threads; give "
+                f"--model.num_threads {given}"
+            )
+        return None, None
+    threads = 1 if given is None else given
+    if threads < 1:
+        return None, f"--num_threads={threads} must be >= 1"
+    return threads, None
+
+
+def length_problem(model_path: str, trainer: Mapping[str, Any]) -> str | None:
+    """Why a user's fit cannot start (None: it can): Lightning would train 1000 epochs
+    where nothing bounds the run, and checkpoints in steps need a last step to mean
+    something. A bound of -1 given explicitly is the user's choice of no limit."""
+    steps, epochs = trainer.get("max_steps"), trainer.get("max_epochs")
+    if (steps is None or steps == -1) and epochs is None and trainer.get("max_time") is None:
+        return (
+            f"--model {model_path} needs the run's length: give --trainer.max_steps N "
+            "(or --trainer.max_epochs, --trainer.max_time); nothing was written"
+        )
+    return None
+
+
+def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
+    """The parsed config's seed and threads resolved for its module (the project's or a
+    user's), in place (so that config.yaml records them); else the text of a usage
+    error: a user's fit without a length, threads refused."""
+    own_model = _is_subclass_path(_class_path(config["model"]), OWN_MODEL)
+    if fitting and not own_model:
+        problem = length_problem(_class_path(config["model"]), config["trainer"])
+        if problem is not None:
+            return problem
+    config["seed_everything"] = seed_for(config.get("seed_everything"), own_model)
+    config["num_threads"], problem = threads_for(config.get("num_threads"), own_model)
+    return problem
+
+
+def adds_exact_resume(config: Any, configured: list[Any]) -> bool:
+    """Whether ``fit`` adds an ``ExactResume`` to the parsed ``config``'s run: asked
+    (``exact_resume``), for a module not the project's (its ``configure_callbacks``
+    returns one) and none among the ``configured`` callbacks. A user's module returning
+    one from ``configure_callbacks`` replaces the added one, as Lightning replaces a
+    Trainer callback of a type the module returns."""
+    from lit_spikes.callbacks import ExactResume
+
+    if not config["exact_resume"] or _is_subclass_path(_class_path(config["model"]), OWN_MODEL):
+        return False
+    return not any(isinstance(c, ExactResume) for c in configured)
+
+
+def training_callbacks(config: Any, added: list[Any], configured: list[Any]) -> list[Any]:
+    """The callbacks ``fit`` adds to the ``configured`` ones when it trains: ``added``,
+    a ``TrainingCurves`` (``lr`` and ``grad_norm`` in TensorBoard for any module) unless
+    one is there, and last an ``ExactResume`` where ``adds_exact_resume`` says so (last,
+    where a module's own would come)."""
+    from lit_spikes.callbacks import TrainingCurves
+    from lit_spikes.tools.resume_callbacks import with_exact_resume
+
+    if not any(isinstance(c, TrainingCurves) for c in [*configured, *added]):
+        added = [*added, TrainingCurves()]
+    return with_exact_resume(added) if adds_exact_resume(config, [*configured, *added]) else added
+
+
+def record_path(ckpt_path: Path) -> Path:
+    """The run's record of a ``<run>/checkpoints/step=<k>.ckpt``: ``<run>/config.yaml``."""
+    return ckpt_path.resolve().parent.parent / RECORD_NAME
+
+
+def user_run_config(record: Mapping[str, Any], own_model_path: str = OWN_MODEL) -> dict[str, Any]:
+    """The defaults a resume takes from a user's run record (a parsed ``config.yaml``):
+    its ``model`` and ``data`` sections whole, ``RECORDED_TOP`` and ``RECORDED_TRAINER``
+    (dotted keys); nothing for a run of the project's module (``own_model_path`` or a
+    subclass: its checkpoint holds its settings) or a record that is not one."""
+    model = record.get("model")
+    if not isinstance(model, Mapping) or not isinstance(model.get("class_path"), str):
+        return {}
+    if _is_subclass_path(model["class_path"], own_model_path):
+        return {}
+    saved: dict[str, Any] = {"model": dict(model)}
+    data = record.get("data")
+    if data is None or isinstance(data, Mapping):
+        saved["data"] = None if data is None else dict(data)
+    saved |= {key: record[key] for key in RECORDED_TOP if key in record}
+    trainer = record.get("trainer")
+    if isinstance(trainer, Mapping):
+        plain = (str, int, float, bool, type(None))
+        saved |= {
+            f"trainer.{key}": trainer[key]
+            for key in RECORDED_TRAINER
+            if key in trainer and isinstance(trainer[key], plain)
+        }
+    return saved
+
+
+def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> str | None:
+    """Why the project's module (``model``: the parsed section, by default it) cannot
+    resume ``checkpoint`` (None: it can): a file it did not write, with no run record
+    beside it to name the classes that did."""
+    if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), OWN_MODEL):
+        return None
+    return (
+        f"--ckpt_path {path} was not written by TinyGPTModule (no 'lit_spikes' entry) and "
+        f"no {RECORD_NAME} of its run is at {record_path(Path(path))}: give the run's "
+        "--model CLASS_PATH and --data CLASS_PATH (and its --trainer.max_steps)"
+    )
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    """The ``config.yaml`` of the run in ``run_dir``, parsed ({} if none)."""
+    try:
+        loaded = yaml.safe_load((run_dir / RECORD_NAME).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _class_path(section: Any) -> str:
+    """A parsed ``model`` section's class path (a Namespace or a dict; "" for none)."""
+    path = section.get("class_path") if section is not None else None
+    return path if isinstance(path, str) else ""
+
+
+def _is_subclass_path(path: str, own_path: str) -> bool:
+    import importlib
+
+    def klass(dotted: str) -> Any:
+        module, _, name = dotted.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None
+
+    mine, own = klass(path), klass(own_path)
+    return isinstance(mine, type) and isinstance(own, type) and issubclass(mine, own)

@@ -1,0 +1,346 @@
+"""The loop's settings: what to train (``RecoverConfig``: a model and data as class paths
+with their ``init_args``, the built-in tiny GPT and its world by default) and what counts
+as a spike (``DetectorConfig``), checked when built, and read from plain JSON/YAML data."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lit_spikes.tools.defaults import (
+    DEFAULT_MODEL_SEED,
+    DEMO_DATA,
+    DEMO_MODEL,
+    DataConfig,
+    GPTConfig,
+    OptimConfig,
+    data_config_from_dict,
+    plain_config,
+)
+from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
+from lit_spikes.tools.factories import ClassPath
+from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
+
+DEFAULT_MODEL = DEMO_MODEL
+"""The built-in model (the project's default run), and the only one with a QK-norm row."""
+DEFAULT_DATA = DEMO_DATA
+"""The built-in data (the character world), built from its ``config`` (a ``DataConfig``)."""
+FACTORY = "factory"
+"""The key of a model or data given to ``run`` as a factory: ``{"factory": "<its name>"}``."""
+
+
+def _names(value: Any) -> tuple[Any, ...]:
+    """A sequence; one name or rung alone is a sequence of one, not of its letters."""
+    return (value,) if isinstance(value, str | Mapping) else tuple(value)
+
+
+def default_model() -> dict[str, Any]:
+    """The built-in model's class path and ``init_args`` (the project's default run)."""
+    return _model_dict({"class_path": DEFAULT_MODEL})
+
+
+def default_data() -> dict[str, Any]:
+    """The built-in data's class path and ``init_args`` (``config``: a ``DataConfig``)."""
+    return _data_dict({"class_path": DEFAULT_DATA})
+
+
+def _class_dict(value: Any, base: type, what: str) -> tuple[str, dict[str, Any]] | None:
+    """``value``'s class path (checked to be a ``base``: a bad path fails here) and its
+    ``init_args`` with the class's defaults filled in, so equal settings compare equal;
+    None for a factory's record."""
+    if isinstance(value, Mapping) and FACTORY in value:
+        return None
+    path = ClassPath.of(value, what)
+    return path.class_path, _with_defaults(path.klass(base, what), path.init_args)
+
+
+def _model_dict(value: Any) -> dict[str, Any]:
+    """A model as plain data; the built-in one's ``gpt``/``optim``/``model_seed`` checked."""
+    found = _class_dict(value, pl.LightningModule, "RecoverConfig.model")
+    if found is None:
+        return {FACTORY: str(value[FACTORY])}
+    class_path, args = found
+    if class_path == DEFAULT_MODEL:
+        args["gpt"] = asdict(_of(GPTConfig, args.get("gpt"), "gpt"))
+        args["optim"] = asdict(_of(OptimConfig, args.get("optim"), "optim"))
+        args.setdefault("model_seed", DEFAULT_MODEL_SEED)
+    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
+
+
+def _data_dict(value: Any) -> dict[str, Any]:
+    """The data as plain data; the built-in one's ``config`` checked."""
+    found = _class_dict(value, pl.LightningDataModule, "RecoverConfig.data")
+    if found is None:
+        return {FACTORY: str(value[FACTORY])}
+    class_path, args = found
+    if class_path == DEFAULT_DATA:
+        config = args.get("config")
+        if not isinstance(config, DataConfig):
+            config = data_config_from_dict(_mapping(config, "data.init_args.config"))
+        args["config"] = asdict(config)
+    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
+
+
+def _with_defaults(klass: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with the defaults of ``klass``'s other arguments (plain ones: data, a
+    dataclass), as the command line fills them in: one run, one spelling in a ledger."""
+    filled = dict(given)
+    for name, parameter in inspect.signature(klass).parameters.items():
+        default = parameter.default
+        if name in filled or name == "self" or default is inspect.Parameter.empty:
+            continue
+        if is_dataclass(default) and not isinstance(default, type):
+            filled[name] = asdict(default)
+        elif _plain(default):
+            filled[name] = default
+    return filled
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if value is None:  # "config:" left empty in a YAML file: the defaults
+        return {}
+    if not isinstance(value, Mapping):  # a list, a scalar
+        raise ValueError(
+            f"RecoverConfig {what}: {value!r} is not a mapping of its fields; leave it out "
+            "for the defaults"
+        )
+    return dict(value)
+
+
+def _of(cls: type, value: Any, what: str) -> Any:
+    return value if isinstance(value, cls) else cls(**_mapping(value, f"model.init_args.{what}"))
+
+
+@dataclass(frozen=True)
+class RecoverConfig:
+    """What to train and how the recovery loop reacts to spikes. The defaults are the
+    project's default run (the seed's unstable setup) and the demos' choices."""
+
+    log_root: Path = Path("runs/recover")
+    """Root of every branch's run (``<log_root>/<branch>``), of the ledger and of the
+    stitched ``accepted`` run."""
+    model: dict[str, Any] = field(default_factory=default_model)
+    """The LightningModule every branch trains: ``class_path`` and ``init_args`` (the
+    built-in ``lit_spikes.demo.module.TinyGPTModule`` takes ``gpt``, ``optim``, ``model_seed``)."""
+    data: dict[str, Any] = field(default_factory=default_data)
+    """The LightningDataModule of every branch: ``class_path`` and ``init_args`` (the
+    built-in ``lit_spikes.demo.data.StepDataModule`` takes ``config``, a ``DataConfig``). Its
+    train data should be a ``lit_spikes.StepLoader`` (or positioned as one) for a resume
+    to continue at the right batch and for data to be skipped."""
+    max_steps: int | None = None
+    """Global step at which training ends (None: where the built-in model's LR schedule
+    ends; required for another model)."""
+    checkpoint_every: int = 50
+    """Every branch writes ``step=<k>.ckpt`` every this many steps."""
+    val_every: int | None = 100
+    """Validate every this many steps (None: only at the end)."""
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    """What counts as a spike."""
+    rollback_distance: int = 20
+    """The checkpoint a remedy resumes from is at least this many steps before the spike
+    (at least 1: from the spike's own step, only skipping its data could change its loss)."""
+    ladder: tuple[dict[str, Any] | str, ...] = DEFAULT_LADDER
+    """Remedies to try for each spike, in order, each from the same checkpoint: Callbacks
+    as ``class_path`` and ``init_args`` (a class path alone: its defaults); the built-in
+    ones' ``init_args`` are their options (see ``lit_spikes.tools.recover.remedies``)."""
+    accept_margin: int = 20
+    """A remedy is accepted once it trains this many steps past the spike without one."""
+    max_interventions: int = 3
+    """Spikes the loop handles; later ones are recorded as unrecovered."""
+    max_branches: int = 8
+    """Remedy branches the loop may start over the whole run."""
+    compare: bool = False
+    """Also run 'do nothing' (the first run continued through its spike) and, for the
+    built-in model, the cause-aimed fix (QK-norm at the same LR, from scratch) as rows of
+    the report."""
+    devices: int = 1
+    """Processes per machine. More than one trains every branch with Lightning's DDP
+    across them (gloo on CPU), each taking its shard of the step's global batch."""
+    num_nodes: int = 1
+    """Machines, each running this same command (``torchrun``, SLURM ``srun``)."""
+    strategy: str = "auto"
+    """``"auto"`` or ``"ddp"``: with several processes both mean DDP, whose processes
+    the loop starts once and keeps for every branch (``ddp_spawn`` would start new ones
+    for each branch and lose the callbacks' decisions on the way back)."""
+    exact_resume: bool = True
+    """Every branch trains with ``ExactResume`` (its checkpoints hold the RNG states, a
+    resume seeks the StepLoader) where the module brings none itself (False: as the
+    module has it; a restarted branch's random draws then are not the uninterrupted
+    run's)."""
+    seed: int | None = 0
+    """``seed_everything`` before each branch's module is built: a module that draws its
+    weights (or dropout) from the global RNG trains alike in every session (None: not
+    seeded)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_root", Path(self.log_root))
+        object.__setattr__(self, "model", _model_dict(self.model))
+        object.__setattr__(self, "data", _data_dict(self.data))
+        object.__setattr__(self, "ladder", tuple(map(check_rung, _names(self.ladder))))
+        self._check_ladder()
+        self._check_counts()
+        self._check_default_run()
+        self._check_processes()
+
+    def _check_ladder(self) -> None:
+        if self.max_steps is None and not self.builtin_model:
+            raise ValueError(
+                f"RecoverConfig.max_steps is required for model {self.model_name} (only the "
+                "built-in model's LR schedule says where its run ends)"
+            )
+        if self.steps < 1:
+            raise ValueError(f"RecoverConfig.max_steps={self.max_steps} must be >= 1")
+        names = [rung_name(r) for r in self.rungs]
+        if not self.ladder or len(set(names)) != len(names):
+            raise ValueError(
+                f"RecoverConfig.ladder={names!r}: give at least one remedy, each class once"
+            )
+
+    def _check_counts(self) -> None:
+        steps = self.steps
+        for name in ("checkpoint_every", "max_branches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.rollback_distance < 1:
+            raise ValueError(
+                f"RecoverConfig.rollback_distance={self.rollback_distance} must be >= 1: the "
+                "checkpoint of the spike's own step holds the weights that make its loss, so "
+                "a lower LR or clipping from there cannot change it (each such branch is spent "
+                "on the same spike)"
+            )
+        for name in ("accept_margin", "max_interventions"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 0")
+        if self.val_every is not None and (self.val_every < 1 or steps % self.val_every):
+            raise ValueError(
+                f"RecoverConfig.val_every={self.val_every} must be None or divide the run's "
+                f"{steps} steps (so every run ends validated); None (--val_every null) "
+                "validates at the end only"
+            )
+
+    def _check_default_run(self) -> None:
+        gpt, data = self.gpt, self.data_config
+        if gpt is not None and data is not None and gpt.block_size != data.block_size:
+            raise ValueError(
+                f"RecoverConfig: gpt.block_size={gpt.block_size} and "
+                f"data.block_size={data.block_size} must be equal"
+            )
+
+    def _check_processes(self) -> None:
+        for name in ("devices", "num_nodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RecoverConfig.{name}={value!r} must be an integer >= 1")
+        if self.strategy not in ("auto", "ddp"):
+            raise ValueError(
+                f"RecoverConfig.strategy={self.strategy!r} must be 'auto' or 'ddp' (the loop "
+                "keeps one set of DDP processes for all its branches)"
+            )
+        if self.world_size > 1:  # "auto" means DDP then: one ledger identity for both
+            object.__setattr__(self, "strategy", "ddp")
+        data = self.data_config
+        if data is not None and data.batch_size % self.world_size:
+            raise ValueError(
+                f"RecoverConfig: data.batch_size={data.batch_size} must divide by the "
+                f"world size devices x num_nodes = {self.world_size}"
+            )
+
+    @property
+    def rungs(self) -> tuple[dict[str, Any], ...]:
+        """The ladder's rungs, each ``{"class_path", "init_args"}`` (``__post_init__``
+        turned a class path alone into one)."""
+        return tuple(r if isinstance(r, dict) else check_rung(r) for r in self.ladder)
+
+    @property
+    def builtin_model(self) -> bool:
+        """Whether the model is the built-in ``TinyGPTModule``."""
+        return self.model.get("class_path") == DEFAULT_MODEL
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model.get("class_path") or self.model.get(FACTORY))
+
+    @property
+    def gpt(self) -> GPTConfig | None:
+        """The built-in model's network (None: another model)."""
+        return GPTConfig(**self.model["init_args"]["gpt"]) if self.builtin_model else None
+
+    @property
+    def optim(self) -> OptimConfig | None:
+        """The built-in model's optimizer and schedule (None: another model)."""
+        return OptimConfig(**self.model["init_args"]["optim"]) if self.builtin_model else None
+
+    @property
+    def data_config(self) -> DataConfig | None:
+        """The built-in data's config (None: other data)."""
+        if self.data.get("class_path") != DEFAULT_DATA:
+            return None
+        return data_config_from_dict(self.data["init_args"]["config"])
+
+    @property
+    def default_min_step(self) -> int:
+        """The detector's first step when its config names none: the built-in model's
+        LR warm-up's end, else 0."""
+        optim = self.optim
+        return 0 if optim is None else optim.warmup_steps
+
+    @property
+    def steps(self) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        optim = self.optim
+        assert optim is not None  # __post_init__ refuses another model without max_steps
+        return optim.max_steps
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The Trainer arguments every branch adds for its processes (none for one)."""
+        if self.world_size == 1 and self.strategy == "auto":
+            return {}
+        return {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": "ddp"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (``from_dict`` reads it back)."""
+        data: dict[str, Any] = plain_config(asdict(self))
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RecoverConfig:
+        """A config from ``to_dict``'s output, or any part of it (the rest: defaults).
+
+        Raises:
+            ValueError: an unknown key (named), or a value its dataclass refuses.
+        """
+        data = dict(data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown RecoverConfig keys {unknown}; known: {sorted(known)}")
+        for key in ("model", "data", "detector"):
+            if key in data and data[key] is None:  # "data:" left empty in a YAML file
+                del data[key]
+        if "detector" in data:
+            data["detector"] = DetectorConfig(**_mapping(data["detector"], "detector"))
+        return cls(**data)
+
+    def identity(self) -> dict[str, Any]:
+        """What a restart must repeat to continue a ledger: everything but the location."""
+        plain = self.to_dict()
+        plain.pop("log_root")
+        return plain

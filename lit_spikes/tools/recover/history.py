@@ -1,0 +1,198 @@
+"""Each branch's ``history.jsonl``: one JSON record a line, appended as each step and each
+validation happens (so a branch killed at any moment keeps what it trained), after a
+first line that names the file's format version."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lit_spikes.callbacks import SkipStep
+from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks._watch import read_back
+from lit_spikes.loader import positioned
+from lit_spikes.tools.recover.ledger import Ledger, UnknownFormatVersion, atomic_write_text
+
+HISTORY_NAME = "history.jsonl"
+HISTORY_VERSION = 2
+"""The history format this code writes (its first line: ``{"history_version": 2}``):
+version 2's step records hold ``max_logit`` only where the module logs one."""
+HISTORY_VERSIONS = (1, 2)
+"""The history formats this code reads; a file without the first line is of version 1
+(written before the line existed)."""
+_HEADER = "history_version"
+
+
+def _header() -> str:
+    return json.dumps({_HEADER: HISTORY_VERSION}) + "\n"
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The records of a branch's ``history.jsonl`` (a torn last line is dropped).
+
+    Raises:
+        UnknownFormatVersion: the file is of a format version this code does not read.
+    """
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # the process died mid-line: that record is recomputed on resume
+    if records and _HEADER in records[0]:
+        version = records.pop(0)[_HEADER]
+        if version not in HISTORY_VERSIONS:
+            raise UnknownFormatVersion(path, version, HISTORY_VERSIONS)
+    return records
+
+
+def write_history(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace the file by ``records``, atomically (a resumed branch's cut-back file)."""
+    atomic_write_text(path, _header() + "".join(json.dumps(r) + "\n" for r in records))
+
+
+def records_before(path: Path, start: int) -> list[dict[str, Any]]:
+    """The records of the steps before ``start`` and of the validations up to it: what
+    a branch resumed from its step-``start`` checkpoint keeps."""
+    return [
+        r
+        for r in read_history(path)
+        if ("step" in r and r["step"] < start) or ("val_step" in r and r["val_step"] <= start)
+    ]
+
+
+def lineage_records(ledger: Ledger, root: Path, head: str) -> list[dict[str, Any]]:
+    """The per-step records (and validations) of the lineage ending in ``head``, read
+    from each branch's history under ``root``."""
+    records: list[dict[str, Any]] = []
+    for branch, first, end in ledger.lineage(head):
+        for record in read_history(root / branch.name / HISTORY_NAME):
+            if "step" in record:
+                keep = record["step"] >= first and (end is None or record["step"] < end)
+            else:
+                step = record["val_step"]
+                keep = step > first and (end is None or step <= end)
+            if keep:
+                records.append(record)
+    return records
+
+
+class StepClock(Callback):
+    """The global step of the batch being trained (``trainer.global_step`` at its start:
+    the optimizer has counted it by the batch's end) and its LR (listed after the
+    remedies: an ``LRScaler``'s scaled one)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.lr: float | None = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self.step = trainer.global_step
+        if trainer.optimizers:
+            self.lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def step_record(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, clock: StepClock
+) -> dict[str, Any]:
+    """The record of step ``step``, just trained: the module's own when it keeps one
+    (``TinyGPTModule.history``: loss, max_logit, lr, position), else built here: the
+    step's loss (its ``outputs``, else the logged ``loss``), the LR of the first
+    optimizer as the step began, and the data position of the step (the step itself when
+    the data is not positioned)."""
+    step = clock.step
+    history = getattr(pl_module, "history", None)
+    if isinstance(history, list) and history and history[-1].get("step") == step:
+        return dict(history[-1])
+    record: dict[str, Any] = {"step": step, "loss": _loss(trainer, outputs)}
+    if clock.lr is not None:
+        record["lr"] = clock.lr
+    data = positioned(trainer)
+    record["position"] = step if data is None else int(data.position_of_step(step))
+    return record
+
+
+def _loss(trainer: pl.Trainer, outputs: Any) -> float:
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    if loss is None:
+        loss = trainer.callback_metrics.get("loss")
+    return math.nan if loss is None else float(loss)
+
+
+class HistoryLog(Callback):
+    """Appends each step's record, and each validation's bits/char, to ``history.jsonl``
+    as it happens, so a branch killed at any moment keeps what it trained.
+
+    Under DDP every rank runs it (the records hold the global values: the loss averaged
+    over the ranks' shards, the largest ``max_logit``, as the detector judges them, from
+    one ``all_gather`` per step) and rank 0 alone writes."""
+
+    def __init__(self, path: Path, clock: StepClock, write: bool = True) -> None:
+        self.path, self.clock, self.write = path, clock, write
+        self._handle: Any = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if not self.write:
+            return
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            if self._handle.tell() == 0:  # a new file: its format first
+                self._handle.write(_header())
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        record = step_record(trainer, pl_module, outputs, self.clock)
+        if trainer.world_size > 1:
+            logit = record.get("max_logit", math.nan)
+            local = torch.tensor([record["loss"], logit], dtype=torch.float64)
+            ranks = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2).tolist()
+            losses = [loss for loss, _ in ranks]
+            logits = [logit for _, logit in ranks]
+            record["loss"] = sum(losses) / len(losses)
+            if "max_logit" in record:
+                record["max_logit"] = math.nan if any(map(math.isnan, logits)) else max(logits)
+            record["rank_loss"] = losses
+        read_back(trainer)  # a SkipStep's decision of this step, from the device
+        skipped = (
+            cb.skipped_steps for cb in trainer_callbacks(trainer) if isinstance(cb, SkipStep)
+        )
+        if any(record["step"] in steps for steps in skipped):
+            record["skipped"] = 1.0
+        self._write(record)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        bpc = trainer.callback_metrics.get("val/bpc")
+        if bpc is not None and not trainer.sanity_checking:
+            self._write({"val_step": trainer.global_step, "val_bpc": float(bpc)})
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.close()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.close()

@@ -1,0 +1,140 @@
+"""The layers of the source (docs: README's layout): the library (lit_spikes/, testing/,
+callbacks/) imports neither the demo (lit_spikes/demo/) nor the tools (lit_spikes/tools/);
+the tools reach the demo through one module only, ``lit_spikes.tools.defaults``; no two
+modules import each other, directly or round a loop. Read from the source with ``ast``
+(every import counts: a function's, a ``TYPE_CHECKING`` one's), so nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SEAM = "lit_spikes.tools.defaults"
+LIBRARY = ("lit_spikes", "lit_spikes.loader", "lit_spikes.checkpoints", "lit_spikes.stacklevel")
+LIBRARY_PACKAGES = ("lit_spikes.testing", "lit_spikes.callbacks")
+
+
+def source_modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, callbacks/ under its installed name (lit_spikes.callbacks)."""
+    found = {}
+    trees = [(root / "lit_spikes", "lit_spikes"), (root / "callbacks", "lit_spikes.callbacks")]
+    for top, name in trees:
+        for path in top.rglob("*.py"):
+            rel = path.relative_to(top)
+            if rel.parts[0] == "callbacks" and name == "lit_spikes":
+                continue  # the symbolic link to callbacks/
+            parts = [name, *rel.with_suffix("").parts]
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (``from p import m`` names module p.m)."""
+    modules = source_modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in modules:
+                        edges.add(f"{base}.{alias.name}")
+                    elif base in modules:
+                        edges.add(base)
+        graph[name] = edges - {name}
+    return graph
+
+
+def layer(module: str) -> str:
+    for name in ("demo", "tools"):
+        if module == f"lit_spikes.{name}" or module.startswith(f"lit_spikes.{name}."):
+            return name
+    if module in LIBRARY or module.startswith(tuple(p + "." for p in LIBRARY_PACKAGES)):
+        return "library"
+    if module in LIBRARY_PACKAGES:
+        return "library"
+    return "unplaced"
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that break the layering, as ``importer -> imported (why)``."""
+    found = []
+    for importer, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            here, there = layer(importer), layer(target)
+            if here == "library" and there in ("demo", "tools"):
+                found.append(f"{importer} -> {target} (the library imports the {there})")
+            elif here == "tools" and there == "demo" and importer != SEAM:
+                found.append(f"{importer} -> {target} (a tool past the seam {SEAM})")
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unplaced = [m for m in source_modules(ROOT) if layer(m) == "unplaced"]
+    assert not unplaced, f"move these into lit_spikes/demo/ or lit_spikes/tools/: {unplaced}"
+
+
+def test_library_and_tools_import_only_down_and_through_the_seam() -> None:
+    assert crossings(import_graph(ROOT)) == []
+
+
+def test_no_import_circles() -> None:
+    assert circles(import_graph(ROOT)) == []
+
+
+def test_the_checks_see_a_crossing_and_a_circle() -> None:
+    graph = {
+        "lit_spikes.loader": {"lit_spikes.demo.model"},
+        "lit_spikes.tools.cli": {"lit_spikes.demo.data", "lit_spikes.tools.fit_cli"},
+        "lit_spikes.tools.fit_cli": {"lit_spikes.tools.cli", SEAM},
+        SEAM: {"lit_spikes.demo.data"},
+        "lit_spikes.demo.data": set(),
+    }
+    assert crossings(graph) == [
+        "lit_spikes.loader -> lit_spikes.demo.model (the library imports the demo)",
+        f"lit_spikes.tools.cli -> lit_spikes.demo.data (a tool past the seam {SEAM})",
+    ]
+    assert circles(graph) == [["lit_spikes.tools.cli", "lit_spikes.tools.fit_cli"]]
