@@ -163,10 +163,11 @@ def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge
     the checkpoint holds, rebuilt from its state key (which names its settings), else the
     default settings."""
     if config is not None:
-        detector = config.build(0)
+        detector = config.build(0, builtin="lit_spikes" in checkpoint)  # the demo's entry
         settings = {"monitor": list(detector.monitors), "window": detector.window}
         settings |= {"warmup": detector.warmup, "ratio": detector.ratio}
-        settings |= {"z_score": detector.z_score, "action": "log"}
+        settings |= {"z_score": detector.z_score, "robust_z": detector.robust_z}
+        settings |= {"action": "log"}
         return Judge(settings, "DiagnoseConfig.detector (--detector.*)")
     for key, state in (checkpoint.get("callbacks") or {}).items():
         parsed = parse_state_key(str(key))

@@ -383,7 +383,7 @@ class RecoveryLoop:
         record = self.ledger.branch(record.name)  # rank 0's record, on every rank
         config = self.config
         run_dir = self.root / record.name
-        detector = config.detector.build(config.default_min_step)
+        detector = config.detector.build(config.default_min_step, config.optim is not None)
 
         def accept(step: int) -> None:
             self.accept(record, step)
