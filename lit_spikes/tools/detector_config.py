@@ -64,4 +64,12 @@ class DetectorConfig:
             robust_z=self.robust_z,
             action="log",
             min_step=default_min_step if self.min_step is None else self.min_step,
+            curves=_demo_curves() if builtin else None,
         )
+
+
+def _demo_curves() -> dict[str, str]:
+    """The built-in model's tag of each record key: its spikes drawn on its own curves."""
+    from lit_spikes.tools.defaults import LOGGED_AS  # the seam; imported when built
+
+    return dict(LOGGED_AS)
