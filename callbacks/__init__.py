@@ -13,6 +13,7 @@ from lit_spikes.callbacks.rollback import RollbackRestore
 from lit_spikes.callbacks.run_lock import AnotherHistory, RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.callbacks.skip_step import SkipStep
 from lit_spikes.callbacks.spike_detector import SpikeDetector
+from lit_spikes.callbacks.watch import Watcher
 
 __all__ = [
     "AnotherHistory",
@@ -29,4 +30,5 @@ __all__ = [
     "SkipStep",
     "SpikeDetector",
     "TrainingCurves",
+    "Watcher",
 ]

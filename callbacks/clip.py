@@ -7,7 +7,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_finite_above
+from lit_spikes.callbacks.common import check_finite_above
 
 
 class ClipGradients(Callback):

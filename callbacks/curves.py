@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard import SummaryWriter
 from typing_extensions import override
 
-from lit_spikes.callbacks._watch import _record, note_grad_norm
+from lit_spikes.callbacks.watch import _record, note_grad_norm
 
 SPIKES_RUN = "spikes"
 """The sibling run (a subdirectory of the run's log directory) that holds the spike marks."""

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_integer, trainer_callbacks, unused_checkpoint_path
+from lit_spikes.callbacks.common import check_integer, trainer_callbacks, unused_checkpoint_path
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 
 

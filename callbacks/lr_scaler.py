@@ -11,7 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_finite_above, check_integer
+from lit_spikes.callbacks.common import check_finite_above, check_integer
 
 
 class LRScaler(Callback):

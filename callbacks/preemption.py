@@ -18,7 +18,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import (
+from lit_spikes.callbacks.common import (
     trainer_callbacks,
     unused_checkpoint_path,
     validates_at_this_step_anyway,

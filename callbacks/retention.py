@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_integer, trainer_callbacks
+from lit_spikes.callbacks.common import check_integer, trainer_callbacks
 from lit_spikes.checkpoints import checkpoint_files
 
 

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_integer
+from lit_spikes.callbacks.common import check_integer
 from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import positioned
 

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointWriteError,

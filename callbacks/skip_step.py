@@ -13,8 +13,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_finite_above, check_integer
-from lit_spikes.callbacks._watch import (
+from lit_spikes.callbacks.common import check_finite_above, check_integer
+from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
     Watcher,
@@ -23,7 +23,7 @@ from lit_spikes.callbacks._watch import (
     note_grad_norm,
     step_values,
 )
-from lit_spikes.callbacks._watch import _read as read_now
+from lit_spikes.callbacks.watch import _read as read_now
 
 
 class SkipStep(Watcher):
@@ -176,7 +176,7 @@ class SkipStep(Watcher):
         return skip
 
     @override
-    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+    def take_rows(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
         # ``values`` and ``skipped_steps`` follow the device's decisions; each skipped step
         # is logged at its step.
         for step, (value, skipped) in rows:

@@ -13,8 +13,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import check_finite_above, check_integer
-from lit_spikes.callbacks._watch import (
+from lit_spikes.callbacks.common import check_finite_above, check_integer
+from lit_spikes.callbacks.curves import SpikeMarks
+from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
     Watcher,
@@ -24,7 +25,6 @@ from lit_spikes.callbacks._watch import (
     read_back,
     step_values,
 )
-from lit_spikes.callbacks.curves import SpikeMarks
 
 DEFAULT_ROBUST_Z, DEFAULT_ROBUST_WINDOW, OTHER_WINDOW = 8.0, 100, 20
 """The rule of a detector given no threshold (``robust_z=8`` over 100 steps), and the
@@ -314,7 +314,7 @@ class SpikeDetector(Watcher):
             read_back(trainer)  # now, for a stop at the spike's own step
 
     @override
-    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+    def take_rows(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
         count, world = len(self.monitors), trainer.world_size if trainer is not None else 1
         for step, row in rows:
             values = {m: row[i] for i, m in enumerate(self.monitors) if row[count + i]}

@@ -259,7 +259,7 @@ def test_every_watched_value_of_every_callback_is_gathered_once_a_step() -> None
     """One all_gather a step for all watchers' names, on the strategy's device; mean,
     largest (NaN wins), and a value only from the ranks that had one."""
     from lit_spikes.callbacks import SkipStep
-    from lit_spikes.callbacks._watch import note_loss, step_values
+    from lit_spikes.callbacks.watch import note_loss, step_values
 
     detector = SpikeDetector(monitor=["loss", "train/max_logit"], warmup=0, ratio=1.4, reduce="max")
     skip = SkipStep(monitor="grad_norm")

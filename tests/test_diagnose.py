@@ -342,7 +342,7 @@ def test_bit_equality_of_nan_and_of_rounded_losses() -> None:
 
 
 def test_a_verdict_with_nan_is_strict_json(tmp_path: Path) -> None:
-    from lit_spikes.tools.diagnose import _json_value
+    from lit_spikes.tools.diagnose.cli import _json_value
 
     text = json.dumps(
         _json_value({"loss": float("nan"), "x": [1.0, float("inf")]}), allow_nan=False

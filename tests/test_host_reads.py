@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 
 from lit_spikes import StepLoader
-from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, _watch
+from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector, watch
 from lit_spikes.demo import module
 from lit_spikes.demo.data import StepDataModule
 from lit_spikes.demo.model import TinyGPT
@@ -153,11 +153,11 @@ def test_a_read_added_to_a_callbacks_step_is_counted(
 ) -> None:
     """The negative control: an ``.item()`` on the watchers' per-step path, written into
     the package's own file (compiled under its name), is seen at every step."""
-    original = _watch.note_loss
+    original = watch.note_loss
     source = "def note_loss(trainer, loss):\n    loss.item()\n    original(trainer, loss)\n"
     namespace: dict[str, Any] = {"original": original}
-    exec(compile(source, _watch.__file__, "exec"), namespace)
-    monkeypatch.setattr(_watch, "note_loss", namespace["note_loss"])
+    exec(compile(source, watch.__file__, "exec"), namespace)
+    monkeypatch.setattr(watch, "note_loss", namespace["note_loss"])
     assert our_reads(tmp_path) >= 2 * (STEPS - STEADY)  # two watchers, one read each a step
 
 

@@ -32,9 +32,9 @@ from lit_spikes.tools.recover import (
     LEDGER_NAME,
     BranchRecord,
     RecoverConfig,
+    RecoverInterrupted,
     RecoverResult,
     RecoveryLoop,
-    _Interrupted,
     read_history,
     read_ledger,
     recover,
@@ -629,7 +629,7 @@ def test_a_signal_in_the_step_that_spikes_still_rolls_back(
     def send(record: BranchRecord) -> list[Callback]:
         return [SignalSelf(28, signal.SIGTERM)] if record.name == "base" else []
 
-    with pytest.raises(_Interrupted):
+    with pytest.raises(RecoverInterrupted):
         recover(config, extra_callbacks=send)
     base = read_ledger(config.log_root).branch("base")
     assert (base.status, base.spike) == ("running", None)
@@ -919,7 +919,7 @@ def test_branches_that_give_up_or_compare_start_where_the_uninterrupted_loop_sta
 
     straight = recover(config("straight"))
     signal_at_24 = lambda record: [SignalSelf(24, signal.SIGTERM)] if record.name == "base" else []  # noqa: E731
-    with pytest.raises(_Interrupted):
+    with pytest.raises(RecoverInterrupted):
         recover(config("interrupted"), extra_callbacks=signal_at_24)
     assert (tmp_path / "interrupted" / "base" / "checkpoints" / "step=25.ckpt").is_file()
     resumed = recover(config("interrupted"))
@@ -975,7 +975,7 @@ def test_a_signal_in_a_branchs_last_step_stops_the_loop_after_concluding_it(
     SIGKILL: the branch is complete, then the loop stops; the same command goes on."""
     config = tiny_config(tmp_path / "root")
     SignalAtTheEnd.fired = False
-    with pytest.raises(_Interrupted):
+    with pytest.raises(RecoverInterrupted):
         recover(config, extra_callbacks=lambda record: [SignalAtTheEnd()])
     events = read_ledger(config.log_root).events
     assert [e["event"] for e in events][-1] == "interrupted"

@@ -38,7 +38,7 @@ from rich.progress import (
 )
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.checkpoints import checkpoint_step
 from lit_spikes.demo.data import DataConfig, StepDataModule

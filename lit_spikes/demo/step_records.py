@@ -11,7 +11,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks._watch import Watcher
+from lit_spikes.callbacks.watch import Watcher
 
 Row = tuple[dict[str, Any], str, list[float]]
 """A record read back: the record, the kind of values (the module's name), the values."""
@@ -131,7 +131,7 @@ class StepRecords(Watcher):
         self._kinds = []
 
     @override
-    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+    def take_rows(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
         kinds, self._kinds = self._kinds, []
         taken = [(*kind, values) for kind, (_, values) in zip(kinds, rows, strict=True)]
         self.take(trainer, taken)

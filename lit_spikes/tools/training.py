@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins import CheckpointIO
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import validates_at_this_step_anyway
+from lit_spikes.callbacks.common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.tools.progress import with_step_progress_bar
 from lit_spikes.tools.tb import RunLogger

@@ -36,7 +36,6 @@ data, callbacks), ``replay`` (one replay as a Lightning run, each checkpoint rea
 
 from lit_spikes.tools.diagnose.cli import (
     DiagnoseCommand,
-    _json_value,
     build_parser,
     data_from_args,
     main,
@@ -74,7 +73,6 @@ __all__ = [
     "StepRecorder",
     "Subject",
     "Verdict",
-    "_json_value",
     "bit_equal",
     "build_parser",
     "callbacks_from_checkpoint",

@@ -69,7 +69,7 @@ from lit_spikes.tools.recover.ledger import (
     dedupe_spikes,
     read_ledger,
 )
-from lit_spikes.tools.recover.loop import RecoverResult, RecoveryLoop, _Interrupted, recover
+from lit_spikes.tools.recover.loop import RecoverInterrupted, RecoverResult, RecoveryLoop, recover
 from lit_spikes.tools.recover.outcome import ACCEPTED_RUN, write_stitched_run
 from lit_spikes.tools.recover.ranks import RankZeroStopped
 from lit_spikes.tools.recover.remedies import (
@@ -99,13 +99,13 @@ __all__ = [
     "NotALogRoot",
     "RankZeroStopped",
     "RecoverConfig",
+    "RecoverInterrupted",
     "RecoverResult",
     "RecoveryLoop",
     "SpikeContext",
     "SpikeGate",
     "Totals",
     "UnknownFormatVersion",
-    "_Interrupted",
     "atomic_write_text",
     "build_parser",
     "dedupe_spikes",

@@ -23,7 +23,7 @@ from lit_spikes.tools.recover.ledger import (
     LedgerUnreadable,
     NotALogRoot,
 )
-from lit_spikes.tools.recover.loop import RecoverResult, _Interrupted, recover
+from lit_spikes.tools.recover.loop import RecoverInterrupted, RecoverResult, recover
 from lit_spikes.tools.recover.ranks import RankZeroStopped
 from lit_spikes.tools.training import unwritable_directory
 
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> RecoverResult:
     except SIGTERMException:
         # Lightning's own handler (outside a branch's training): SystemExit(None), status 0
         raise SystemExit(128 + signal.SIGTERM) from None
-    except _Interrupted as stop:
+    except RecoverInterrupted as stop:
         if getattr(rank_zero_only, "rank", 0) != 0:
             raise SystemExit(0) from None  # as above: Lightning's launcher would kill rank 0
         console.print(

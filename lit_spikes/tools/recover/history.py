@@ -16,8 +16,8 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lit_spikes.callbacks import SkipStep
-from lit_spikes.callbacks._common import trainer_callbacks
-from lit_spikes.callbacks._watch import read_back
+from lit_spikes.callbacks.common import trainer_callbacks
+from lit_spikes.callbacks.watch import read_back
 from lit_spikes.loader import positioned
 from lit_spikes.tools.recover.ledger import Ledger, UnknownFormatVersion, atomic_write_text
 

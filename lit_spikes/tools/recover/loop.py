@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lit_spikes.callbacks import PreemptionCheckpoint, SpikeDetector
-from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
 from lit_spikes.tools.defaults import plain_config
@@ -73,7 +73,7 @@ from lit_spikes.tools.training import checkpoint_path, quiet_branches
 _T = TypeVar("_T")
 
 
-class _Interrupted(Exception):
+class RecoverInterrupted(Exception):
     """A signal stopped a branch (its checkpoint is written); the ledger says where."""
 
     def __init__(self, signum: int) -> None:
@@ -435,7 +435,7 @@ class RecoveryLoop:
             self.event("interrupted", branch=record.name, checkpoint=saved)
             return received
 
-        raise _Interrupted(self._on_leader(interrupted))
+        raise RecoverInterrupted(self._on_leader(interrupted))
 
     def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:
         """Rank 0's part of a branch's start: where it starts (its checkpoint and step:

@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks._common import trainer_callbacks
+from lit_spikes.callbacks.common import trainer_callbacks
 
 LOSS, GRAD_NORM = "loss", "grad_norm"
 
@@ -44,11 +44,20 @@ def monitor_names(monitor: str | Sequence[str], owner: str) -> tuple[str, ...]:
 
 
 class Watcher(Callback):
-    """A callback that judges steps by watched values (``monitors``) kept on the device:
-    each step it adds a row of them to ``_pending``, and ``read_back`` brings the rows of
-    every watcher of the Trainer to the host in one read, at the start of every
-    ``read_every``-th step (numbered from 0: every run reads at the same steps), at the
-    fit's end and when a checkpoint takes their state."""
+    """The base of the callbacks that judge steps by watched values (``monitors``) kept
+    on the device (``SpikeDetector``, ``SkipStep``, recover's and the demo's own): each
+    step a subclass adds a row of them to ``_pending`` (``step_values`` gives it), and
+    ``read_back`` brings the rows of every watcher of the Trainer to the host in one read,
+    at the start of every ``read_every``-th step (numbered from 0: every run reads at the
+    same steps), at the fit's end and when a checkpoint takes their state; each watcher
+    then judges its rows in ``take_rows``.
+
+    Example:
+        >>> class Printer(Watcher):
+        ...     monitors = ("loss",)
+        ...     def take_rows(self, trainer, rows):
+        ...         print(rows)  # [(step, [loss]), ...], in step order
+    """
 
     monitors: tuple[str, ...] = ()
     read_every: int = 50
@@ -58,8 +67,8 @@ class Watcher(Callback):
         self._pending: list[tuple[int, torch.Tensor]] = []
         self._trainer: pl.Trainer | None = None
 
-    def _take(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
-        """Judge the rows read back, in step order."""
+    def take_rows(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
+        """Judge the rows read back: ``(step, [value of each monitor])``, in step order."""
         raise NotImplementedError
 
     @override
@@ -115,7 +124,7 @@ def _read(watchers: list[Watcher], trainer: pl.Trainer | None) -> None:
         for step, row in rows_of:
             taken.append((step, flat[start : start + row.numel()]))
             start += row.numel()
-        watcher._take(trainer, taken)
+        watcher.take_rows(trainer, taken)
 
 
 @dataclass
