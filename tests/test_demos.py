@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import warnings
@@ -499,6 +500,8 @@ def test_a_signal_during_a_branch_stops_the_main_job_naming_it(
         assert stopped.value.signum == signum and marker.exists()
         assert str(stopped.value) == f"{signum.name} stopped it"
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+        # no worker left behind: the interpreter's exit would wait for it forever
+        assert multiprocessing.active_children() == []
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -432,7 +432,11 @@ class BranchRunner:
             # The shutdown would wait for every running branch to train to its end: each
             # stops at its next step instead, and queued ones are dropped.
             self._stop.set()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # Queued ones are cancelled, not shut down with wait=False: that drops the
+            # pool's manager thread unjoined, and now and then a worker was left behind,
+            # which the interpreter's exit then waited for forever.
+            for future in self._futures:
+                future.cancel()
         # A worker cannot exit while its reports fill the queue's pipe (its feeder thread
         # waits to flush them): read them until the running branches are done.
         running = [future for future in self._futures if not future.done()]
