@@ -192,7 +192,13 @@ def test_diagnose_twice_replays_and_judges_alike(dropout_run: Path) -> None:
     ckpt = checkpoint_path(dropout_run, 10)
     config = DiagnoseConfig(window_after=10, horizon=4)
     model = {"class_path": MODEL, "init_args": {"jump_step": 25}}
-    first, second = (diagnose(ckpt, 26, config, model=model, data=DATA) for _ in range(2))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # what a process may have: the replays train on one, as fit's
+    try:
+        first, second = (diagnose(ckpt, 26, config, model=model, data=DATA) for _ in range(2))
+        assert torch.get_num_threads() == config.num_threads == 1
+    finally:
+        torch.set_num_threads(threads)
     for replays in zip(
         (first.same_data, first.other_data), (second.same_data, second.other_data), strict=True
     ):
@@ -300,3 +306,9 @@ def test_recurrence_needs_half_the_spikes_rise() -> None:
     assert verdict_cause(28, same, replay([], 0.0)) == "data-caused"
     with pytest.raises(ValueError, match=r"recurrence=0 must be in \(0, 1\]"):
         DiagnoseConfig(recurrence=0)
+
+
+@pytest.mark.parametrize("tool", [RecoverConfig, DiagnoseConfig])
+def test_a_bad_thread_count_is_refused_naming_the_field(tool: Any) -> None:
+    with pytest.raises(ValueError, match=rf"{tool.__name__}\.num_threads=0: give a whole number"):
+        tool(num_threads=0)

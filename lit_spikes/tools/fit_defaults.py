@@ -86,6 +86,15 @@ def threads_for(given: int | None, own_model: bool) -> tuple[int | None, str | N
     return threads, None
 
 
+def check_num_threads(value: object, owner: str) -> None:
+    """A ValueError naming ``owner`` unless ``value`` is None or a whole number >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"{owner}.num_threads={value!r}: give a whole number >= 1, or null for the "
+            "process's own"
+        )
+
+
 def length_problem(model_path: str, trainer: Mapping[str, Any]) -> str | None:
     """Why a user's fit cannot start (None: it can): Lightning would train 1000 epochs
     where nothing bounds the run, and checkpoints in steps need a last step to mean

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.verdict import RECURRENCE
+from lit_spikes.tools.fit_defaults import check_num_threads
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,13 @@ class DiagnoseConfig:
     seed: int | None = 0
     """``seed_everything`` before each replay's module is built, so that a replay's draws
     the checkpoint does not fix are the same every time (None: not seeded)."""
+    num_threads: int | None = 1
+    """torch's intra-op threads while a replay trains, as ``fit`` sets them for a user's
+    module: one thread is as fast as several on a small model on a busy machine, and the
+    same every time (None: as the process has them; the built-in model sets its own)."""
 
     def __post_init__(self) -> None:
+        check_num_threads(self.num_threads, "DiagnoseConfig")
         if isinstance(self.detector, Mapping):  # a config file's or the command line's
             object.__setattr__(self, "detector", DetectorConfig(**self.detector))
         for name in ("window_before", "window_after"):

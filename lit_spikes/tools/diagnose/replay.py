@@ -245,6 +245,8 @@ class Replayer:
         )
         if self.config.seed is not None:  # every replay draws what the one before drew
             seed_everything(self.config.seed, verbose=False)
+        if self.config.num_threads is not None:
+            torch.set_num_threads(self.config.num_threads)
         module, datamodule = self.subject.model(), self.subject.data()
         start = time.perf_counter()
         with quiet_branches():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import Callback
 
@@ -117,6 +118,8 @@ def branch_run(
     )
     if config.seed is not None:  # every session builds and trains a branch alike
         seed_everything(config.seed, verbose=False)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
     return builders.module(record), builders.datamodule(), spec
 
 

@@ -24,6 +24,7 @@ from lit_spikes.tools.defaults import (
 )
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
 from lit_spikes.tools.factories import ClassPath
+from lit_spikes.tools.fit_defaults import check_num_threads
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
 DEFAULT_MODEL = DEMO_MODEL
@@ -184,8 +185,13 @@ class RecoverConfig:
     """``seed_everything`` before each branch's module is built: a module that draws its
     weights (or dropout) from the global RNG trains alike in every session (None: not
     seeded)."""
+    num_threads: int | None = 1
+    """torch's intra-op threads while a branch trains, as ``fit`` sets them for a user's
+    module: one thread is as fast as several on a small model on a busy machine, and the
+    same every time (None: as the process has them; the built-in model sets its own)."""
 
     def __post_init__(self) -> None:
+        check_num_threads(self.num_threads, "RecoverConfig")
         object.__setattr__(self, "log_root", Path(self.log_root))
         object.__setattr__(self, "model", _model_dict(self.model))
         object.__setattr__(self, "data", _data_dict(self.data))
