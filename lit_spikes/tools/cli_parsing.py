@@ -13,6 +13,7 @@ import importlib
 import inspect
 import logging
 import math
+import os
 import re
 import textwrap
 import warnings
@@ -265,3 +266,13 @@ def quiet_lightning_notes() -> None:
         category=FutureWarning,
         module=r"lightning\.pytorch\.utilities\._pytree",
     )
+
+
+def launched_rank() -> int:
+    """This process's global rank as its launcher set it (Lightning's DDP launcher,
+    torchrun, SLURM); 0 for a process started by hand."""
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0

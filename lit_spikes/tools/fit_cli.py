@@ -50,6 +50,7 @@ from lit_spikes.tools.cli_parsing import (
     arrange_help,
     first_cause,
     is_own,
+    launched_rank,
     quiet_lightning_notes,
     set_merged_defaults,
     trainer_setting_problem,
@@ -96,23 +97,9 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
-OWN_MODEL = DEMO_MODEL
-OWN_DATA = DEMO_DATA
-"""The default ``--model`` and ``--data``."""
-
 RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 """Model settings a resume may take from the command line rather than the checkpoint
 (the module warns that the run is then not guaranteed bit-exact)."""
-
-
-def _launched_rank() -> int:
-    """This process's global rank as its launcher set it (Lightning's DDP launcher,
-    torchrun, SLURM); 0 for a process started by hand."""
-    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class LitSpikesCLI(LightningCLI):
@@ -144,7 +131,9 @@ class LitSpikesCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Subclass mode with the project's classes as defaults: their options keep their
         # short spelling (--model.gpt.n_layer), another class is one --model away.
-        parser.set_defaults({"model": {"class_path": OWN_MODEL}, "data": {"class_path": OWN_DATA}})
+        parser.set_defaults(
+            {"model": {"class_path": DEMO_MODEL}, "data": {"class_path": DEMO_DATA}}
+        )
         parser.add_argument(
             "--checkpoint_every",
             type=int,
@@ -240,7 +229,7 @@ class LitSpikesCLI(LightningCLI):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
                 claim_run_directory(callback, self.trainer)
-                if getattr(self, "_restart_events", False) and _launched_rank() == 0:
+                if getattr(self, "_restart_events", False) and launched_rank() == 0:
                     self._start_anew(callback.directory)
 
     def _start_anew(self, root: Path) -> None:
@@ -289,7 +278,7 @@ class LitSpikesCLI(LightningCLI):
         tokens = int(self.datamodule.train_tokens.numel())
         steps = max(1, math.ceil(tokens / (config.batch_size * config.block_size)))
         trainer.limit_train_batches = steps  # a Trainer attribute its fit loop reads
-        if _launched_rank() == 0:
+        if launched_rank() == 0:
             print(
                 f"lit-spikes: --trainer.max_epochs {epochs}: an epoch here is {steps} steps "
                 f"(the training text's {tokens} tokens / batch {config.batch_size} x "
@@ -371,7 +360,7 @@ class LitSpikesCLI(LightningCLI):
         # A run still training there is the first thing to say (exit 75, naming it), not
         # how to go on with its files, also before its first checkpoint. Asked by the
         # first process only: under DDP the others start while it holds the lock.
-        if _launched_rank() == 0:
+        if launched_rank() == 0:
             probe = RunDirectoryLock(root)
             probe.acquire()
             probe.release()
@@ -447,7 +436,7 @@ class LitSpikesCLI(LightningCLI):
                 "run's own directory, whose config.yaml lists them"
             )
         used = [d for d, key in zip(record.described, record.keys, strict=True) if key in present]
-        if used and _launched_rank() == 0:
+        if used and launched_rank() == 0:
             print(
                 f"lit-spikes: callbacks from the checkpoint's record (no config.yaml of its "
                 f"run lists them): {'; '.join(used)}",

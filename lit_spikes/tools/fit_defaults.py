@@ -47,7 +47,6 @@ and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli
 them from the same file) nor the clipping (from the checkpoint)."""
 
 RECORD_NAME = "config.yaml"
-OWN_MODEL = DEMO_MODEL
 
 
 def add_fit_options(parser: ArgumentParser) -> None:
@@ -112,7 +111,7 @@ def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
     """The parsed config's seed and threads resolved for its module (the project's or a
     user's), in place (so that config.yaml records them); else the text of a usage
     error: a user's fit without a length, threads refused."""
-    own_model = _is_subclass_path(_class_path(config["model"]), OWN_MODEL)
+    own_model = _is_subclass_path(_class_path(config["model"]), DEMO_MODEL)
     if fitting and not own_model:
         problem = length_problem(_class_path(config["model"]), config["trainer"])
         if problem is not None:
@@ -130,7 +129,7 @@ def adds_exact_resume(config: Any, configured: list[Any]) -> bool:
     Trainer callback of a type the module returns."""
     from lit_spikes.callbacks import ExactResume
 
-    if not config["exact_resume"] or _is_subclass_path(_class_path(config["model"]), OWN_MODEL):
+    if not config["exact_resume"] or _is_subclass_path(_class_path(config["model"]), DEMO_MODEL):
         return False
     return not any(isinstance(c, ExactResume) for c in configured)
 
@@ -153,7 +152,7 @@ def record_path(ckpt_path: Path) -> Path:
     return ckpt_path.resolve().parent.parent / RECORD_NAME
 
 
-def user_run_config(record: Mapping[str, Any], own_model_path: str = OWN_MODEL) -> dict[str, Any]:
+def user_run_config(record: Mapping[str, Any], own_model_path: str = DEMO_MODEL) -> dict[str, Any]:
     """The defaults a resume takes from a user's run record (a parsed ``config.yaml``):
     its ``model`` and ``data`` sections whole, ``RECORDED_TOP`` and ``RECORDED_TRAINER``
     (dotted keys); nothing for a run of the project's module (``own_model_path`` or a
@@ -183,7 +182,7 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
     """Why the project's module (``model``: the parsed section, by default it) cannot
     resume ``checkpoint`` (None: it can): a file it did not write, with no run record
     beside it to name the classes that did."""
-    if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), OWN_MODEL):
+    if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), DEMO_MODEL):
         return None
     return (
         f"--ckpt_path {path} was not written by TinyGPTModule (no 'lit_spikes' entry) and "

@@ -24,7 +24,21 @@ def write_figures(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    outcomes, sweep = _outcomes_figure(plt, seeds), _sweep_figure(plt, sweep_cells)
+    figures = [(outcomes, OUTCOMES)] + ([(sweep, SWEEP)] if sweep_cells else [])
     written = []
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        for figure, name in figures:
+            figure.savefig(directory / name, dpi=110)
+            written.append(directory / name)
+    plt.close(outcomes)
+    plt.close(sweep)
+    return written
+
+
+def _outcomes_figure(plt: Any, seeds: Sequence[Mapping[str, Mapping[str, Any]]]) -> Any:
+    """Each remedy's val bits/char minus doing nothing, a point per seed."""
     outcomes, axis = plt.subplots(figsize=(9, 4))
     kinds = [k for k in REMEDIES if k != "resume_exact"]
     for x, kind in enumerate(kinds):
@@ -59,6 +73,11 @@ def write_figures(
         pad=16,
     )
     outcomes.tight_layout()
+    return outcomes
+
+
+def _sweep_figure(plt: Any, sweep_cells: Sequence[Mapping[str, Any]]) -> Any:
+    """Final loss and largest logit against peak LR, with and without QK-norm."""
     sweep, (loss_axis, logit_axis) = plt.subplots(1, 2, figsize=(9, 3.6))
     for qk, colour in ((False, "tab:red"), (True, "tab:green")):
         cells = [c for c in sweep_cells if bool(c["params"]["qk_norm"]) == qk]
@@ -81,17 +100,8 @@ def write_figures(
         ax.set_xscale("log")
         ax.set_xlabel("peak LR")
         ax.set_ylabel(what)
-    figures = [(outcomes, OUTCOMES)]
     if sweep_cells:  # none yet in an interim report
         logit_axis.set_yscale("log")
         loss_axis.legend(fontsize=8)
         sweep.tight_layout()
-        figures.append((sweep, SWEEP))
-    for directory in directories:
-        directory.mkdir(parents=True, exist_ok=True)
-        for figure, name in figures:
-            figure.savefig(directory / name, dpi=110)
-            written.append(directory / name)
-    plt.close(outcomes)
-    plt.close(sweep)
-    return written
+    return sweep

@@ -90,43 +90,42 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: float | None) -> str:
-    n = len(report.seeds)
     took = f", {wall_s / 60:.1f} min" if wall_s else ""
     lines = [
         "# lit-spikes study",
         "",
-        f"{n} of {len(config.seeds)} seeds done (model seeds {config.model_seeds}, data seeds "
-        f"{config.data_seeds}), "
+        f"{len(report.seeds)} of {len(config.seeds)} seeds done (model seeds "
+        f"{config.model_seeds}, data seeds {config.data_seeds}), "
         f"{config.steps} steps each, peak LR {config.peak_lr:g}; {cells} cells on "
         f"{machine()}{took}. One run's exact numbers differ from one CPU to another; these "
         "frequencies are what a single run is one draw of.",
         "",
-        "## Findings",
-        "",
     ]
+    lines += _findings_section(report)
+    lines += _seeds_section(report)
+    lines += _leads_section(config, report)
+    lines += _sweep_section(report)
+    return "\n".join(lines)
+
+
+def _findings_section(report: StudyReport) -> list[str]:
     rows = []
     for f in report.findings:
         lo, hi = f.interval
         rows.append([f.text, f"{f.holds} of {f.n}", f"{lo:.2f}-{hi:.2f}" if f.n else "-"])
-    lines += _table(["finding", "seeds", "95% Wilson interval"], rows)
-    lines += ["", *(f"- {f.sentence()}" for f in report.findings if f.n), ""]
-    lines += ["## Each seed: val bits/char at the end", ""]
-    header = [
-        "seed",
-        "spike",
-        "ckpt",
-        "do nothing",
-        *REMEDIES,
-        "max logit",
-        "QK-norm logit",
-        "diagnose",
-    ]
-    seed_rows = []
+    lines = ["## Findings", "", *_table(["finding", "seeds", "95% Wilson interval"], rows)]
+    return [*lines, "", *(f"- {f.sentence()}" for f in report.findings if f.n), ""]
+
+
+def _seeds_section(report: StudyReport) -> list[str]:
+    header = ["seed", "spike", "ckpt", "do nothing", *REMEDIES, "max logit", "QK-norm logit"]
+    header.append("diagnose")
+    rows = []
     for seed in report.seeds:
         ref = seed.get("reference", {})
         any_cell = next(iter(seed.values()))
         ckpt = next((c["params"].get("ckpt_step") for c in seed.values() if c["params"]), None)
-        seed_rows.append(
+        rows.append(
             [
                 f"{any_cell['model_seed']}/{any_cell['data_seed']}",
                 ref.get("onset"),
@@ -138,42 +137,36 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
                 seed["diagnose"]["cause"] if "diagnose" in seed else None,
             ]
         )
-    lines += _table(header, seed_rows)
-    lines += ["", "## Early warning", ""]
-    lines.append(
+    return ["## Each seed: val bits/char at the end", "", *_table(header, rows)]
+
+
+LEAD_COLUMNS = (
+    "signal",
+    "spikes",
+    "before",
+    "at_onset",
+    "none",
+    "median_lead",
+    "min_lead",
+    "max_lead",
+)
+"""The early-warning table's keys of each lead row, in its columns' order."""
+
+
+def _leads_section(config: StudyConfig, report: StudyReport) -> list[str]:
+    intro = (
         f"For each of the {len(report.leads)} flagged spikes: how many steps before the loss "
         f"each signal exceeded {config.leads.ratio:g}x the mean of its previous "
         f"{config.leads.window} values (within {config.leads.lookback} steps before it)."
     )
-    lines.append("")
-    lead_table = [
-        [
-            r["signal"],
-            r["spikes"],
-            r["before"],
-            r["at_onset"],
-            r["none"],
-            r["median_lead"],
-            r["min_lead"],
-            r["max_lead"],
-        ]
-        for r in report.lead_rows
-    ]
-    lines += _table(
-        [
-            "signal",
-            "spikes",
-            "warned before",
-            "at the onset",
-            "no warning",
-            "median lead",
-            "min",
-            "max",
-        ],
-        lead_table,
-    )
-    lines += ["", "## LR sweep (Wortsman et al., 2023)", ""]
-    sweep_table = [
+    header = ["signal", "spikes", "warned before", "at the onset", "no warning"]
+    header += ["median lead", "min", "max"]
+    rows = [[r[k] for k in LEAD_COLUMNS] for r in report.lead_rows]
+    return ["", "## Early warning", "", intro, "", *_table(header, rows)]
+
+
+def _sweep_section(report: StudyReport) -> list[str]:
+    rows = [
         [
             f"{r['peak_lr']:g}",
             "yes" if r["qk_norm"] else "no",
@@ -184,12 +177,10 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
         ]
         for r in report.sweep
     ]
-    lines += _table(
-        ["peak LR", "QK-norm", "seeds", "final loss", "max logit (mean)", "max logit (largest)"],
-        sweep_table,
-    )
-    lines += ["", *(f"- {line}" for line in report.sweep_lines), ""]
-    return "\n".join(lines)
+    header = ["peak LR", "QK-norm", "seeds", "final loss", "max logit (mean)"]
+    header.append("max logit (largest)")
+    lines = ["", "## LR sweep (Wortsman et al., 2023)", "", *_table(header, rows)]
+    return [*lines, "", *(f"- {line}" for line in report.sweep_lines), ""]
 
 
 def write_report(

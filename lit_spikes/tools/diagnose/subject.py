@@ -26,6 +26,8 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.tools.defaults import (
+    DEMO_DATA,
+    DEMO_MODEL,
     DataConfig,
     GPTConfig,
     OptimConfig,
@@ -35,10 +37,6 @@ from lit_spikes.tools.defaults import (
 )
 from lit_spikes.tools.factories import ClassPath, Instantiate, factory_of
 from lit_spikes.tools.resume_callbacks import callbacks_to_resume
-
-OWN_MODEL = f"{TinyGPTModule.__module__}.{TinyGPTModule.__qualname__}"
-OWN_DATA = f"{StepDataModule.__module__}.{StepDataModule.__qualname__}"
-"""The project's own classes: rebuilt from the settings the checkpoint holds."""
 
 NOT_REPLAYED = (
     SpikeDetector,  # the replays are judged offline (replay.Judge); a stop would end one
@@ -139,7 +137,7 @@ def model_factory(
     path = _model_path(model, saved)
     if model is not None and path is None:
         return factory_of(model, pl.LightningModule, "model")
-    if path is None or path.class_path == OWN_MODEL:
+    if path is None or path.class_path == DEMO_MODEL:
         module_from_checkpoint(checkpoint)  # its error now, before anything trains
         return lambda: module_from_checkpoint(checkpoint)
     return _built(path, pl.LightningModule, "model")
@@ -167,7 +165,7 @@ def data_factory(
     path = _spec(data, "data") or _spec(saved.get("data"), "config.yaml data")
     if path is None and not own_model:
         return lambda: None
-    if path is None or path.class_path == OWN_DATA:  # another config: give a DataConfig
+    if path is None or path.class_path == DEMO_DATA:  # another config: give a DataConfig
         config = data_config_from_checkpoint(checkpoint)
         return lambda: StepDataModule(config)
     return _built(path, pl.LightningDataModule, "data")
@@ -220,7 +218,7 @@ def subject_of(
     """
     saved = run_config(ckpt_path)
     path = _model_path(model, saved)
-    own_model = path.class_path == OWN_MODEL if path is not None else model is None
+    own_model = path.class_path == DEMO_MODEL if path is not None else model is None
     return Subject(
         model_factory(model, checkpoint, saved),
         data_factory(data, checkpoint, saved, own_model),
