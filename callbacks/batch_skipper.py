@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lit_spikes.callbacks.common import make_state_key
 from lit_spikes.loader import PositionedData, normalize_skip, positioned
 
 
@@ -57,8 +58,8 @@ class BatchSkipper(Callback):
         # run's positions to self.skip, and two skippers may share a first and a count.
         configured = self.skip
         digest = zlib.crc32(",".join(map(str, configured)).encode())
-        self._key = self._generate_state_key(
-            first=configured[0], count=len(configured), positions=f"{digest:08x}"
+        self._key = make_state_key(
+            self, first=configured[0], count=len(configured), positions=f"{digest:08x}"
         )
         self._fed: PositionedData | None = None
 

@@ -62,3 +62,10 @@ def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
         return False
     done = epoch_loop.total_batch_idx if every_epochs is None else epoch_loop.batch_idx
     return (done + 1) % every == 0
+
+
+def make_state_key(callback: object, **settings: Any) -> str:
+    """A callback's ``state_key``: its class name, then its settings (``Name{'a': 1}``),
+    in the form Lightning's own callbacks give theirs, so that checkpoints written with
+    Lightning's helper still load, and ``lit-spikes fit`` rebuilds a callback from it."""
+    return f"{type(callback).__qualname__}{settings!r}"

@@ -11,7 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import check_finite_above, check_integer
+from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
 
 
 class LRScaler(Callback):
@@ -66,8 +66,8 @@ class LRScaler(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(
-            factor=self.factor, start_step=self.start_step, end_step=self.end_step
+        return make_state_key(
+            self, factor=self.factor, start_step=self.start_step, end_step=self.end_step
         )
 
     def active(self, step: int) -> bool:

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import check_integer
+from lit_spikes.callbacks.common import check_integer, make_state_key
 from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import positioned
 
@@ -110,7 +110,7 @@ class RollbackRestore(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(spike_step=self.spike_step, distance=self.distance)
+        return make_state_key(self, spike_step=self.spike_step, distance=self.distance)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

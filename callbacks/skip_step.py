@@ -13,7 +13,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import check_finite_above, check_integer
+from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
 from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
@@ -140,7 +140,8 @@ class SkipStep(Watcher):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(
+        return make_state_key(
+            self,
             monitor=self.monitor,
             window=self.window,
             sigma=self.sigma,

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import check_finite_above, check_integer
+from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
 from lit_spikes.callbacks.curves import SpikeMarks
 from lit_spikes.callbacks.watch import (
     GRAD_NORM,
@@ -60,54 +60,17 @@ class SpikeDetector(Watcher):
     r"""Flags a step whose value jumps above a rolling reference; a NaN or inf of a watched
     value is always a spike.
 
-    After ``warmup`` steps of history, a step is a spike when its value exceeds, of the
-    last ``window`` finite values, ``robust_z`` x their spread above their median (a
-    robust z-score: the spread is the median absolute deviation scaled to a standard
-    deviation, see ``robust_limit``), ``ratio`` x their mean, or their mean plus
-    ``z_score`` standard deviations: any of those given, or all (``mode``). Given none,
-    the rule is ``robust_z=8`` over a window of 100: it does not depend on the loss's
-    scale or offset (a loss near 0.05 and one near 3 are judged alike), and measured on
-    clean runs of a GPT, a classifier with a loss near zero and a regression it flags at
-    most 1 step per 1,000 and catches a planted 10x loss and a 10x LR jump
-    (docs/detector.md). A window without spread (every value equal) makes no finite
-    value a spike by ``robust_z`` or ``z_score``. Every finite value enters the reference, spikes
-    too: a jump is flagged while it is new, and a loss that settles on a higher level stops
-    being flagged once the window has caught up with it. Each spike is recorded (global
-    step, metric, value, reference: the window's median under ``robust_z``, else its
-    mean) in the callback's state, so it survives checkpoints and
-    resume, and is logged as ``spike/<metric>`` at its step; under a TensorBoard logger it
-    is also drawn on the chart of the curve it was found on (the tag ``curves`` names; a
-    point in the sibling run ``spikes``, see ``SpikeMarks``). The window and the last
-    ``max_records`` spikes are all the state holds: its size is bounded however long the
-    run (``num_spikes`` counts every spike).
-
-    Defaults, next to the anchors' choices: Megatron-LM flags a loss 10x the early maximum;
-    OLMo-core mean + 6 sigma over 128 steps; llm-foundry 2x the window mean for more than 4
-    steps; Lightning's ``SpikeDetection`` rtol 2 over a window of 10 (whose restore path is
-    broken and whose indices are per-epoch batch indices; ours are global steps and
-    restore). Ours: median + 8 robust standard deviations of the last 100 steps, after
-    100 steps (the demo's detector: 1.4x the mean of the last 20 steps, after 20).
-
-    The values stay on the device and come back to the host every ``read_every`` steps
-    (one read for all of them; steps numbered from 0, so every run reads at the same
-    steps), at a checkpoint and at the fit's end; then each step is judged in order. A
-    spike is recorded, logged and, with ``action="stop"``, stops the run at that read: at
-    most ``read_every - 1`` steps after the spike (``read_every`` defaults to 1 for
-    ``action="stop"``, a stop at the spike's own step and one read a step, and to 50 for
-    ``action="log"``).
-
-    A step is an optimizer step, judged once at the batch that ends it: under
-    ``accumulate_grad_batches=k`` its loss is the mean of its micro-batches' losses (what
-    its backward passes were given). A logged key is judged only at the steps that logged
-    it (``trainer.callback_metrics`` keeps older values, and validation's, between them).
-
-    Under several processes (DDP) the value judged is the global one: every watched value
-    of every lit-spikes callback is gathered from all ranks in one ``all_gather`` a step
-    (on the device), and reduced in rank order (``reduce``: the mean of the ranks'
-    values, their shards being equal, or the largest), so every rank holds the same
-    reference, flags the same steps and, with ``action="stop"``, stops at the same step
-    (a rank stopping alone would leave the others waiting in the gradient all-reduce).
-    Each spike record then also holds ``rank_values``, to show which shard it came from.
+    After ``warmup`` steps, a step is a spike when its value exceeds, of the last
+    ``window`` finite values, their median + ``robust_z`` x their robust spread (the
+    scaled median absolute deviation, ``robust_limit``), ``ratio`` x their mean, or their
+    mean + ``z_score`` standard deviations: any of those given, or all (``mode``). Given
+    none, the rule is ``robust_z=8`` over 100 steps. Every finite value enters the
+    reference. Each spike (step, metric, value, reference) is kept in the callback's state,
+    which survives checkpoints, logged as ``spike/<metric>`` and drawn on the monitored
+    curve's chart (``SpikeMarks``). The values stay on the device and are read back every
+    ``read_every`` steps; a step is an optimizer step (under accumulation, the mean of its
+    micro-batches' losses); under DDP every rank judges the same gathered value. How each
+    rule behaves, and why these defaults: docs/detector.md.
 
     Args:
         monitor: what to watch, a name or a list: ``"loss"``, the loss ``training_step``
@@ -217,7 +180,8 @@ class SpikeDetector(Watcher):
         # run's detector from step 0. robust_z only when set: a checkpoint written before
         # it existed names its ratio detector as this one does.
         robust = {"robust_z": self.robust_z} if self.robust_z is not None else {}
-        return self._generate_state_key(
+        return make_state_key(
+            self,
             monitor=self.monitors,
             window=self.window,
             ratio=self.ratio,

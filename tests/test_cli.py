@@ -33,11 +33,12 @@ def test_fit_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     # --ckpt_path says what lit-spikes takes, not Lightning's keywords it refuses
     assert "'latest': the newest valid one" in " ".join(out.split())
     # Any module and data by class path, the project's own the defaults, listed; the
-    # project's options first, Lightning's Trainer last
+    # project's options first, Lightning's Trainer last (argparse orders sections as they
+    # are added: the Trainer's come last, no private reordering)
     assert "--model CLASS_PATH: the LightningModule to train" in out
     assert "Default: lit_spikes.demo.module.TinyGPTModule" in out
     assert "Default: lit_spikes.demo.data.StepDataModule" in out
-    order = ["--checkpoint_every", "--ckpt_path", "--model CLASS_PATH", "--data CLASS_PATH"]
+    order = ["--checkpoint_every", "--model CLASS_PATH", "--data CLASS_PATH", "--ckpt_path"]
     positions = [out.index(option) for option in [*order, "--trainer.max_steps"]]
     assert positions == sorted(positions)
 

@@ -98,6 +98,9 @@ def test_ckpt_path_alone_rebuilds_a_users_run_from_its_record(
     torch.manual_seed(7)
     cli = fit(tmp_path / "resumed", "--ckpt_path", "latest" if how == "latest" else str(ckpt))
     assert type(cli.model).__name__ == "DropoutNet" and cli.trainer.max_steps == STEPS
+    # the plan, found once: the file ("latest" resolved), its step, its callbacks' record
+    assert cli.plan.path == str(ckpt) and cli.plan.step == KILLED_AT
+    assert cli.plan.checkpoint is not None and cli.plan.record is not None
     assert_tensors_equal(final_state(uninterrupted), final_state(tmp_path / "resumed"))
 
 

@@ -50,8 +50,7 @@ from lit_spikes.checkpoints import (
 )
 from lit_spikes.demo.module import TinyGPTModule
 from lit_spikes.tools.cli import main as cli_main
-from lit_spikes.tools.cli import unwritable_directory
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.tools.training import checkpoint_path, unwritable_directory
 from tests.conftest import (
     TINY_CLI,
     TINY_DATA,

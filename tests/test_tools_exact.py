@@ -195,7 +195,8 @@ def test_diagnose_twice_replays_and_judges_alike(dropout_run: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # what a process may have: the replays train on one, as fit's
     try:
-        first, second = (diagnose(ckpt, 26, config, model=model, data=DATA) for _ in range(2))
+        with pytest.warns(UserWarning, match="without ExactResume's state"):
+            first, second = (diagnose(ckpt, 26, config, model=model, data=DATA) for _ in range(2))
         assert torch.get_num_threads() == config.num_threads == 1
     finally:
         torch.set_num_threads(threads)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
         build_cli,
     )
     from lit_spikes.tools.recover import RecoverResult
-    from lit_spikes.tools.training import unwritable_directory
 
 __all__ = [
     "DESCRIPTION",
@@ -35,7 +34,6 @@ __all__ = [
     "LitSpikesCLI",
     "build_cli",
     "main",
-    "unwritable_directory",
 ]
 
 COMMANDS = {

@@ -126,11 +126,8 @@ def _defaults_listed(key: str, klass: type) -> str:
     (subclass mode lists only ``--model CLASS_PATH``; ``--model.help`` lists them too)."""
     probe = ArgumentParser()
     probe.add_class_arguments(klass, key, fail_untyped=False)
-    lines = [
-        f"  --{action.dest} (default: {_shown(action.default)})"
-        for action in probe._actions
-        if action.dest.startswith(f"{key}.") and action.default != "==SUPPRESS=="
-    ]
+    defaults = probe.get_defaults().items()
+    lines = [f"  --{k} (default: {_shown(v)})" for k, v in defaults if k.startswith(f"{key}.")]
     path = f"{klass.__module__}.{klass.__qualname__}"
     return f"Default: {path}, whose options are:\n" + "\n".join(lines)
 
@@ -142,18 +139,19 @@ def _shown(value: Any) -> str:
 def arrange_help(
     parser: LightningArgumentParser, subcommand: str, defaults: dict[str, type] | None = None
 ) -> None:
-    """The help of a subcommand's parser, shortened and in the project's order;
+    """The help of a subcommand's parser, shortened, its sections titled;
     ``defaults``: the class of ``model`` and ``data`` when none is given, their options
     listed."""
     # One line, not argparse's list of all 80 options (printed before every error too)
     parser.usage = f"lit-spikes {subcommand} [options]"
-    for group in parser._action_groups:  # titled by their base class's docstring
-        dests = {action.dest for action in group._group_actions}
-        for key, title in _SECTIONS.items():
-            if key in dests:
-                group.title = f"--{key} CLASS_PATH: {title}"
-                if defaults and key in defaults:
-                    group.description = _defaults_listed(key, defaults[key])
+    groups = parser.groups or {}  # jsonargparse's named groups, titled by a docstring
+    for key, title in _SECTIONS.items():
+        if key in groups:
+            groups[key].title = f"--{key} CLASS_PATH: {title}"
+            if defaults and key in defaults:
+                groups[key].description = _defaults_listed(key, defaults[key])
+    # argparse has no public list of a parser's options (its help, rewritten here, is
+    # public on each): the one private name of this module
     for action in parser._actions:
         if action.dest in _OWN_HELP:  # what Lightning's text says is not so here
             action.help = _OWN_HELP[action.dest]
@@ -168,13 +166,6 @@ def arrange_help(
                 "resumed run writes into --trainer.default_root_dir (default runs/fit), "
                 "not necessarily the checkpoint's run directory"
             )
-    # The project's own options first, Lightning's Trainer last. (argparse has no
-    # public way to order groups: its own list of them, reordered.)
-    groups = parser._action_groups
-    trainer = [g for g in groups if any(a.dest.startswith("trainer.") for a in g._group_actions)]
-    method = [g for g in groups if any(a.dest == "ckpt_path" for a in g._group_actions)]
-    rest = [g for g in groups if g not in trainer and g not in method]
-    parser._action_groups = [*rest[:2], *method, *rest[2:], *trainer]
 
 
 def is_own(section: Any, own: type) -> bool:

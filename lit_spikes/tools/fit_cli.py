@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -38,7 +38,6 @@ from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import (
     CheckpointError,
     CheckpointWriteError,
-    checkpoint_files_if_any,
     load_checkpoint,
     newest_valid_checkpoint,
 )
@@ -53,7 +52,6 @@ from lit_spikes.tools.cli_parsing import (
     launched_rank,
     quiet_lightning_notes,
     set_merged_defaults,
-    trainer_setting_problem,
     yaml_nonfinite,
 )
 from lit_spikes.tools.commands import DESCRIPTION
@@ -62,7 +60,6 @@ from lit_spikes.tools.defaults import (
     DEMO_MODEL,
     StepDataModule,
     TinyGPTModule,
-    check_shard,
     check_training_setup,
     flat_config,
     plain_config,
@@ -76,13 +73,20 @@ from lit_spikes.tools.fit_defaults import (
     training_callbacks,
     user_run_config,
 )
+from lit_spikes.tools.fit_plan import (
+    ResumePlan,
+    ckpt_keyword_problem,
+    config_problem,
+    history_problem,
+    run_files,
+    run_length,
+)
 from lit_spikes.tools.resume_callbacks import entries_to_resume, keys_of
 from lit_spikes.tools.tb import RunLogger
 from lit_spikes.tools.training import (
     CHECKPOINT_DIRNAME,
     claim_run_directory,
     standard_run,
-    unwritable_directory,
 )
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -105,6 +109,11 @@ RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 class LitSpikesCLI(LightningCLI):
     """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.plan = ResumePlan()  # a new run, until --ckpt_path says otherwise
+        self.command_line: Any = None  # parsed again, on a checkpoint's settings
+        super().__init__(*args, **kwargs)
+
     @staticmethod
     @override
     def subcommands() -> dict[str, set[str]]:
@@ -116,12 +125,15 @@ class LitSpikesCLI(LightningCLI):
         }
 
     @override
-    def _prepare_subcommand_parser(
-        self, klass: type, subcommand: str, **kwargs: Any
-    ) -> LightningArgumentParser:
-        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        arrange_help(parser, subcommand, {"model": TinyGPTModule, "data": StepDataModule})
-        return parser
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # LightningCLI's less the Trainer's, which setup_parser adds once the parser is
+        # complete: the help lists the module, the data and --ckpt_path before Lightning's
+        # 80 Trainer options (argparse orders sections as they are added).
+        parser.add_lightning_class_args(LightningModule, "model", subclass_mode=True)
+        # not required: a module may bring its own dataloaders (--data null)
+        parser.add_lightning_class_args(
+            LightningDataModule, "data", subclass_mode=True, required=False
+        )
 
     @override
     def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -146,57 +158,12 @@ class LitSpikesCLI(LightningCLI):
     @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        every = config["checkpoint_every"]
-        if every < 0:
-            self.parser.error(f"--checkpoint_every={every} must be >= 0 (0 turns checkpoints off)")
-        steps = config["trainer"]["max_steps"]
-        if steps is not None and (steps == 0 or steps < -1):
-            self.parser.error(
-                f"--trainer.max_steps={steps} must be positive, or -1 to end with the schedule"
-            )
-        if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
-            # The run ends where its schedule ends unless told to stop earlier (or later).
-            steps = config["model"]["init_args"]["optim"].max_steps
-            config["trainer"]["max_steps"] = steps
-        steps = -1 if steps is None else steps  # another module: Lightning's -1, no limit
-        resume = getattr(self, "_resume_step", None)
-        if self.subcommand == "fit" and resume is not None and 0 < steps <= resume:
-            self.parser.error(
-                f"--ckpt_path is at step {resume}, not before --trainer.max_steps={steps}: "
-                "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
-            )
-        no_checkpoints = config["trainer"]["enable_checkpointing"] is False
-        if self.subcommand == "fit" and every and no_checkpoints:
-            self.parser.error(
-                "--trainer.enable_checkpointing=false: lit-spikes writes its checkpoints as "
-                f"--checkpoint_every says ({every}); give --checkpoint_every 0 for none"
-            )
-        root = Path(config["trainer"]["default_root_dir"])
-        problem = unwritable_directory(root)
-        if problem is not None:
-            self.parser.error(
-                f"--trainer.default_root_dir={root} {problem}: choose a writable directory"
-            )
-        checkpoints = root / CHECKPOINT_DIRNAME
-        problem = unwritable_directory(checkpoints) if self.subcommand == "fit" and every else None
-        if problem is not None:  # a read-only checkpoints/ left by another user or a copy
-            self.parser.error(
-                f"{checkpoints} {problem}: the run could not write its checkpoints there; "
-                "make it writable or choose another --trainer.default_root_dir"
-            )
-        devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
-        devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
-        own_data = is_own(config["data"], StepDataModule)
-        if own_data and devices and isinstance(nodes, int) and nodes > 0:
-            # Else each of the processes Lightning starts fails in setup with its traceback
-            try:
-                batch = config["data"]["init_args"]["config"]["batch_size"]
-                check_shard(int(batch), 0, devices * nodes)
-            except ValueError as error:
-                self.parser.error(str(error))
-        problem = trainer_setting_problem(config["trainer"])
+        problem = config_problem(config, self.subcommand, self.plan.step)
         if problem is not None:
             self.parser.error(problem)
+        if is_own(config["model"], TinyGPTModule):
+            # The run ends where its schedule ends unless told to stop earlier (or later).
+            config["trainer"]["max_steps"] = run_length(config)
         if config["num_threads"] is not None:  # a user's module (the demo's sets its own)
             torch.set_num_threads(config["num_threads"])
 
@@ -229,7 +196,7 @@ class LitSpikesCLI(LightningCLI):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
                 claim_run_directory(callback, self.trainer)
-                if getattr(self, "_restart_events", False) and launched_rank() == 0:
+                if self.plan.restart and launched_rank() == 0:
                     self._start_anew(callback.directory)
 
     def _start_anew(self, root: Path) -> None:
@@ -249,7 +216,7 @@ class LitSpikesCLI(LightningCLI):
         """A skip position the checkpoint's run already passed is refused by the data
         module's ``load_state_dict``, but only once the fit restores it, after config.yaml
         and the events were written: the same check now (``ValueError``)."""
-        checkpoint = getattr(self, "_resume_checkpoint", None)
+        checkpoint = self.plan.checkpoint
         state = None if checkpoint is None else checkpoint.get(StepDataModule.__qualname__)
         if self.subcommand != "fit" or not state or not isinstance(self.datamodule, StepDataModule):
             return
@@ -292,7 +259,7 @@ class LitSpikesCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         # Before LightningCLI reads the checkpoint's hyperparameters with a bare
         # torch.load: resolve "latest", and turn a broken file into a clear error.
-        self._resolve_ckpt_path()
+        self.plan = self._plan_resume()
         # The module is known now: its seed and threads, before LightningCLI seeds
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
@@ -300,123 +267,102 @@ class LitSpikesCLI(LightningCLI):
         if problem is not None:
             self.parser.error(problem)
 
-    def _resolve_ckpt_path(self) -> None:
-        config = self.config.get(self.config.get("subcommand") or "", None)
+    def _plan_resume(self) -> ResumePlan:
+        """The run's ``--ckpt_path`` resolved and its file loaded, the command line parsed
+        again on the checkpoint's (or the run's config.yaml's) settings."""
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand or "", None)
         path = config.get("ckpt_path") if config is not None else None
-        if path in ("best", "hpc", "registry"):
-            self.parser.error(
-                f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
-                "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest, "
-                "or last (the newest, or a new run where there is none yet)"
-            )
+        fitting = subcommand == "fit"
+        if (problem := ckpt_keyword_problem(path)) is not None:
+            self.parser.error(problem)
         latest, asked = path in ("latest", "last"), path
+        root = Path(config["trainer"]["default_root_dir"]) if config is not None else Path()
         if latest:
-            directory = Path(config["trainer"]["default_root_dir"]) / CHECKPOINT_DIRNAME
             found: Path | None = None
             try:
-                _, found, _ = newest_valid_checkpoint(directory, refuse_nonfinite=False)
+                _, found, _ = newest_valid_checkpoint(
+                    root / CHECKPOINT_DIRNAME, refuse_nonfinite=False
+                )
             except FileNotFoundError as error:
-                fitting = self.config.get("subcommand") == "fit"
                 # Lightning's "last": set and forget, from a job's first start on (a
                 # requeued job's command line is the first one's): a new run, below
-                if not (path == "last" and fitting and not checkpoint_files_if_any(directory)):
+                if not (path == "last" and fitting and not run_files(root)[0]):
                     self.parser.error(f"--ckpt_path {path}: {error}")
             config["ckpt_path"] = path = None if found is None else str(found)
         if not path:
-            if self.config.get("subcommand") == "fit":
-                self._refuse_mixed_histories(config, None, None, restart=asked == "last")
-                if asked == "last":  # a user's run killed before its first checkpoint
-                    self._from_record("fit", Path(config["trainer"]["default_root_dir"]), None)
-            return
+            restart = fitting and self._check_history(root, None, None, asked == "last")
+            if fitting and asked == "last":  # a user's run killed before its first checkpoint
+                self._from_record("fit", root, None)
+            return ResumePlan(restart=restart)
         try:  # validate and test need only the weights
-            checkpoint = load_checkpoint(
-                path, weights_enough=self.config.get("subcommand") != "fit"
-            )
+            checkpoint = load_checkpoint(path, weights_enough=not fitting)
         except CheckpointError as error:
             self.parser.error(f"--ckpt_path: {error}")
-        self._resume_step = int(checkpoint["global_step"])
-        if self.config.get("subcommand") == "fit":
-            self._resume_checkpoint = checkpoint  # its data state and callbacks, checked
-        if self.config.get("subcommand") == "fit" and not latest:
-            self._refuse_mixed_histories(config, path, self._resume_step)
-        self._resume_with_checkpoint_settings(path, checkpoint)
+        step = int(checkpoint["global_step"])
+        if not fitting:
+            self._resume_with_checkpoint_settings(path, checkpoint, [])
+            return ResumePlan(path, step)
+        if not latest:
+            self._check_history(root, path, step)
+        callbacks, record = entries_to_resume(Path(path), checkpoint)
+        self._resume_with_checkpoint_settings(path, checkpoint, callbacks)
+        return ResumePlan(path, step, checkpoint, record, callbacks)
 
-    def _refuse_mixed_histories(
-        self, config: Any, path: str | None, step: int | None, restart: bool = False
-    ) -> None:
-        """A fit whose checkpoint directory holds another history's files would write its
-        own beside them (``step=<k>-v1.ckpt``, a second TensorBoard curve over the same
-        steps), and ``--ckpt_path latest`` would later find the other: refused, unless it
-        resumes that directory's run from its newest file (``latest`` always does).
-        ``restart`` (``--ckpt_path last`` finding no checkpoint): a run that wrote none
-        has nothing to resume or protect, its events are removed once the directory is
-        this run's (a job killed before its first checkpoint is requeued as it started)."""
-        root = config["trainer"]["default_root_dir"]
-        directory = Path(root) / CHECKPOINT_DIRNAME
-        steps = [s for s, _ in checkpoint_files_if_any(directory)]
-        events = sorted(Path(root).glob("events.out.tfevents.*"))
-        if not steps and not (path is None and events):
-            return
-        # A run still training there is the first thing to say (exit 75, naming it), not
-        # how to go on with its files, also before its first checkpoint. Asked by the
-        # first process only: under DDP the others start while it holds the lock.
-        if launched_rank() == 0:
+    def _check_history(
+        self, root: Path, path: str | None, step: int | None, restart: bool = False
+    ) -> bool:
+        """Refuses a fit that would mix two histories in ``root`` (``history_problem``);
+        True where ``restart`` (``--ckpt_path last`` finding no checkpoint) is to remove
+        the events of a run that wrote none: it has nothing to resume or protect (a job
+        killed before its first checkpoint is requeued as it started)."""
+        steps, events = run_files(root)
+        if (steps or (path is None and events)) and launched_rank() == 0:
+            # A run still training there is the first thing to say (exit 75, naming it),
+            # not how to go on with its files. Asked by the first process only: under DDP
+            # the others start while it holds the lock.
             probe = RunDirectoryLock(root)
             probe.acquire()
             probe.release()
-        if not steps:  # a run of no checkpoints (--checkpoint_every 0), or cut short
-            self._restart_events = restart
-            if not restart:
-                self.parser.error(
-                    f"{root} holds the TensorBoard events of a run ({events[0].name}"
-                    f"{' and more' if len(events) > 1 else ''}): a new run there would log "
-                    "the same steps again into its curves; choose another "
-                    "--trainer.default_root_dir (or start that run anew, its events "
-                    "removed, with --ckpt_path last)"
-                )
-            return
-        held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
-        elsewhere = "or choose another --trainer.default_root_dir"
-        if path is None:
-            self.parser.error(
-                f"{held}; a new run there would mix its files and TensorBoard steps with "
-                f"that run's. Go on with it (--ckpt_path latest), {elsewhere}"
-            )
-        if Path(path).resolve().parent != directory.resolve():
-            self.parser.error(f"--ckpt_path {path} is not one of them: {held}; {elsewhere}")
-        later = [s for s in steps if step is not None and s > step]
-        if later:
-            self.parser.error(
-                f"--ckpt_path {path} is at step {step}, but {held}, later ones included: "
-                f"a run resumed there would mix two histories, and --ckpt_path latest would "
-                f"find the other one. Resume into another --trainer.default_root_dir"
-            )
+        problem = history_problem(root, path, step, restart)
+        if problem is not None:
+            self.parser.error(problem)
+        return restart and not steps and bool(events)
+
+    @override
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        subcommands = self.subcommands() if add_subcommands else {}
+        defaults = {f"trainer.{k}": v for k, v in self.trainer_defaults.items() if k != "callbacks"}
+        for parser in [self._subcommand_parser(name) for name in subcommands] or [self.parser]:
+            parser.add_lightning_class_args(self.trainer_class, "trainer")
+            parser.set_defaults(defaults)
+        for subcommand in subcommands:  # complete now, the method's arguments included
+            classes = {"model": TinyGPTModule, "data": StepDataModule}
+            arrange_help(self._subcommand_parser(subcommand), subcommand, classes)
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):  # the command line, as LightningCLI's
-            args = yaml_nonfinite(sys.argv[1:] if args is None else list(args))
-            self._args = args  # parsed again, on the checkpoint's settings, by a resume
-            self.config = parser.parse_args(args)
+            self.command_line = yaml_nonfinite(sys.argv[1:] if args is None else list(args))
+            self.config = parser.parse_args(self.command_line)
             return
-        self._args = args
+        self.command_line = args
         super().parse_arguments(parser, args)
 
-    def _callbacks_to_resume(self, path: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
-        """A fit resume's default ``trainer.callbacks``: those of the run's config.yaml
-        beside the file (every setting, also of callbacks that keep no state), then each
-        stateful one the file's own record names that those lack, rebuilt from its state
-        key (a copied or archived file has no config.yaml beside it)."""
-        entries, self._record = entries_to_resume(path, checkpoint)
-        self._default_callbacks = entries
-        return {"trainer.callbacks": self._default_callbacks} if self._default_callbacks else {}
+    def _subcommand_parser(self, subcommand: str) -> LightningArgumentParser:
+        # LightningCLI hands a subcommand's parser to no public method once it is complete
+        # (add_arguments_to_parser sees it before the method's arguments): its accessor.
+        return self._parser(subcommand)
 
     def _check_recorded_callbacks(self) -> None:
         """After instantiation: say which callbacks came from the checkpoint's record, and
         refuse a resume that would drop the state of one that cannot be rebuilt (a class
         of Lightning's or the user's, a RollbackRestore), unless the command line or a
         --config chose the callbacks itself (then Lightning's warning names them)."""
-        record = getattr(self, "_record", None)
+        record = self.plan.record
         if record is None:
             return
         present: set[str] = set()
@@ -424,7 +370,7 @@ class LitSpikesCLI(LightningCLI):
             present |= keys_of(callback)
         given = self.config[self.subcommand]["trainer"].get("callbacks") or []
         given_paths = [getattr(entry, "class_path", entry) for entry in given]
-        chosen = given_paths != [entry["class_path"] for entry in self._default_callbacks]
+        chosen = given_paths != [entry["class_path"] for entry in self.plan.callbacks]
         missing = [key for key in record.unrebuilt if key not in present]
         path = self.config[self.subcommand]["ckpt_path"]
         if missing and not chosen:
@@ -443,7 +389,9 @@ class LitSpikesCLI(LightningCLI):
                 file=sys.stderr,
             )
 
-    def _resume_with_checkpoint_settings(self, path: str, checkpoint: dict[str, Any]) -> None:
+    def _resume_with_checkpoint_settings(
+        self, path: str, checkpoint: dict[str, Any], callbacks: list[dict[str, Any]]
+    ) -> None:
         """The command line parsed again with the checkpoint's model and data settings as
         the defaults: ``--ckpt_path`` alone resumes the same run, and whatever the command
         line or a ``--config`` file sets explicitly stays as given (LightningCLI itself
@@ -468,10 +416,10 @@ class LitSpikesCLI(LightningCLI):
             saved |= {f"{DATA_KEYS}{key}": value for key, value in flat_config(data).items()}
         # A Trainer setting, kept for the same reason
         saved |= {f"trainer.{k}": v for k, v in clipping_from_checkpoint(checkpoint).items()}
-        if subcommand == "fit":  # the remedies, the detector
-            saved |= self._callbacks_to_resume(Path(path), checkpoint)
-        set_merged_defaults(self._parser(subcommand), saved)
-        self.config = self.parser.parse_args(self._args)  # (build_cli passes a list or None)
+        if callbacks:  # fit: the remedies, the detector
+            saved["trainer.callbacks"] = callbacks
+        set_merged_defaults(self._subcommand_parser(subcommand), saved)
+        self.config = self.parser.parse_args(self.command_line)  # build_cli: a list or None
         config = self.config[subcommand]
         config["ckpt_path"] = path  # "latest" resolved
         given = config["trainer"].get("callbacks")
@@ -497,18 +445,16 @@ class LitSpikesCLI(LightningCLI):
     def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
         """A user's run's config.yaml as the defaults, the command line parsed on them."""
         if record := user_run_config(read_record(run_dir)):
-            self._parser(subcommand).set_defaults(record)
-            self.config = self.parser.parse_args(self._args)
+            self._subcommand_parser(subcommand).set_defaults(record)
+            self.config = self.parser.parse_args(self.command_line)
             self.config[subcommand]["ckpt_path"] = path
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         config = self.config[self.subcommand] if self.subcommand else self.config
         root = config["trainer"]["default_root_dir"]
-        callbacks = [
-            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
-        ]
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        section = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer_config = {**section.get("trainer", {}), **kwargs}
         training = self.subcommand == "fit"  # validate trains nothing and saves nothing
         # validate: a run of its own beside the training's (its curves, its config.yaml
         # untouched), one per checkpoint; Lightning logs a validation at step 0
@@ -517,7 +463,7 @@ class LitSpikesCLI(LightningCLI):
             save_dir=root,
             name="" if training else "validate",
             version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
-            purge_step=getattr(self, "_resume_step", None) if training else None,
+            purge_step=self.plan.step if training else None,
         )
         configured = trainer_config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
@@ -525,15 +471,19 @@ class LitSpikesCLI(LightningCLI):
             trainer_config,
             root,
             checkpoint_every=config["checkpoint_every"] or None,
-            given=[*configured, *callbacks],
+            given=configured,
             training=training,
             logger=logger,
         )
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
-        added = [*callbacks, *own, *parts.callbacks]
+        added = [*own, *parts.callbacks]
         if training:
             added = training_callbacks(config, added, configured)
-        return self._instantiate_trainer(parts.trainer_kwargs, added)
+        # The public method's keyword arguments override the configured ones: the
+        # configured callbacks, then the project's (Lightning appends its SaveConfigCallback)
+        return super().instantiate_trainer(
+            **{**parts.trainer_kwargs, "callbacks": [*configured, *added]}
+        )
 
 
 def run(args: list[str] | None = None) -> LitSpikesCLI | None:

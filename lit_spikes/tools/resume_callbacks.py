@@ -54,8 +54,8 @@ class RecordedCallbacks:
 
 
 def parse_state_key(key: str) -> tuple[str, dict[str, Any]] | None:
-    """``(class name, settings)`` of a key made by ``Callback._generate_state_key``
-    (``Name{'a': 1}``); None for any other (a class's own key, a type)."""
+    """``(class name, settings)`` of a key made by ``make_state_key`` (``Name{'a': 1}``,
+    the form of Lightning's own callbacks too); None for any other (a class's own key)."""
     if not isinstance(key, str) or "{" not in key or not key.endswith("}"):
         return None
     name, _, rest = key.partition("{")

@@ -1,0 +1,161 @@
+"""What ``lit-spikes fit --ckpt_path`` resolves to, found once (``ResumePlan``), and the
+checks of a parsed ``fit``/``validate`` configuration as functions of the configuration,
+the plan and the run directory: each returns the error to print, or None. The CLI
+(``fit_cli``) turns a problem into a usage error (exit 2) before any file is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lit_spikes.checkpoints import checkpoint_files_if_any
+from lit_spikes.tools.cli_parsing import is_own, trainer_setting_problem
+from lit_spikes.tools.defaults import StepDataModule, TinyGPTModule, check_shard
+from lit_spikes.tools.resume_callbacks import RecordedCallbacks
+from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory
+
+LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
+"""``--ckpt_path`` keywords of Lightning's for files lit-spikes does not write."""
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """A run's ``--ckpt_path``, resolved: ``ResumePlan()`` is a new run."""
+
+    path: str | None = None
+    """The checkpoint file resumed (fit) or evaluated (validate), ``latest``/``last``
+    resolved; None: a new run."""
+    step: int | None = None
+    """Its global step: where the resumed run's TensorBoard curves continue."""
+    checkpoint: dict[str, Any] | None = None
+    """fit: the loaded file, whose data state is checked before anything is written."""
+    record: RecordedCallbacks | None = None
+    """fit: the callbacks the file's record names, and which of them cannot be rebuilt."""
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    """fit: the default ``trainer.callbacks`` of the resume (``{class_path, init_args}``)."""
+    restart: bool = False
+    """``--ckpt_path last`` in a directory holding only the TensorBoard events of a run that
+    wrote no checkpoint: those events go, and the run starts anew."""
+
+
+def ckpt_keyword_problem(path: str | None) -> str | None:
+    if path not in LIGHTNING_KEYWORDS:
+        return None
+    return (
+        f"--ckpt_path {path}: Lightning's keyword for a file lit-spikes does not write "
+        "(its checkpoints are step=<k>.ckpt); use --ckpt_path latest for the newest, "
+        "or last (the newest, or a new run where there is none yet)"
+    )
+
+
+def run_length(config: Any) -> int:
+    """The parsed run's ``max_steps``: as given, else where TinyGPT's schedule ends, else
+    Lightning's -1 (no limit)."""
+    steps = config["trainer"]["max_steps"]
+    if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
+        return int(config["model"]["init_args"]["optim"].max_steps)
+    return -1 if steps is None else int(steps)
+
+
+def config_problem(config: Any, subcommand: str | None, resume_step: int | None) -> str | None:
+    """Why the parsed ``config`` (one subcommand's section) is refused: the checkpoint
+    interval, the run's length against the resume step, checkpointing off, directories
+    that cannot take the run's files, a batch that does not shard, Trainer settings."""
+    fitting = subcommand == "fit"
+    every = config["checkpoint_every"]
+    if every < 0:
+        return f"--checkpoint_every={every} must be >= 0 (0 turns checkpoints off)"
+    given = config["trainer"]["max_steps"]
+    if given is not None and (given == 0 or given < -1):
+        return f"--trainer.max_steps={given} must be positive, or -1 to end with the schedule"
+    steps = run_length(config)
+    if fitting and resume_step is not None and 0 < steps <= resume_step:
+        return (
+            f"--ckpt_path is at step {resume_step}, not before --trainer.max_steps={steps}: "
+            "there is nothing left to train; raise max_steps or pick an earlier checkpoint"
+        )
+    if fitting and every and config["trainer"]["enable_checkpointing"] is False:
+        return (
+            "--trainer.enable_checkpointing=false: lit-spikes writes its checkpoints as "
+            f"--checkpoint_every says ({every}); give --checkpoint_every 0 for none"
+        )
+    return (
+        directory_problem(config, fitting)
+        or shard_problem(config)
+        or (trainer_setting_problem(config["trainer"]))
+    )
+
+
+def directory_problem(config: Any, fitting: bool) -> str | None:
+    root = Path(config["trainer"]["default_root_dir"])
+    problem = unwritable_directory(root)
+    if problem is not None:
+        return f"--trainer.default_root_dir={root} {problem}: choose a writable directory"
+    checkpoints = root / CHECKPOINT_DIRNAME
+    problem = unwritable_directory(checkpoints) if fitting and config["checkpoint_every"] else None
+    if problem is not None:  # a read-only checkpoints/ left by another user or a copy
+        return (
+            f"{checkpoints} {problem}: the run could not write its checkpoints there; "
+            "make it writable or choose another --trainer.default_root_dir"
+        )
+    return None
+
+
+def shard_problem(config: Any) -> str | None:
+    """The project's data shards a batch over the processes Lightning starts: else each
+    of them fails in setup with its traceback."""
+    devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
+    devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
+    processes = devices * nodes if devices and isinstance(nodes, int) and nodes > 0 else None
+    if processes is None or not is_own(config["data"], StepDataModule):
+        return None
+    try:
+        batch = config["data"]["init_args"]["config"]["batch_size"]
+        check_shard(int(batch), 0, processes)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def history_problem(
+    root: str | Path, path: str | None, step: int | None, restart: bool = False
+) -> str | None:
+    """Why a fit into ``root`` would mix two histories: a new run (``path`` None) where a
+    run wrote checkpoints or TensorBoard events (unless ``restart``: ``--ckpt_path last``
+    finding events only), or a resume from a file that is not the newest of ``root``'s
+    own checkpoints. (``--ckpt_path latest`` always resumes the newest.)"""
+    directory = Path(root) / CHECKPOINT_DIRNAME
+    steps, events = run_files(root)
+    if not steps:
+        if path is not None or not events or restart:
+            return None
+        return (
+            f"{root} holds the TensorBoard events of a run ({events[0].name}"
+            f"{' and more' if len(events) > 1 else ''}): a new run there would log "
+            "the same steps again into its curves; choose another "
+            "--trainer.default_root_dir (or start that run anew, its events "
+            "removed, with --ckpt_path last)"
+        )
+    held = f"{directory} holds the checkpoints of a run (step={steps[0]} to step={steps[-1]})"
+    elsewhere = "or choose another --trainer.default_root_dir"
+    if path is None:
+        return (
+            f"{held}; a new run there would mix its files and TensorBoard steps with "
+            f"that run's. Go on with it (--ckpt_path latest), {elsewhere}"
+        )
+    if Path(path).resolve().parent != directory.resolve():
+        return f"--ckpt_path {path} is not one of them: {held}; {elsewhere}"
+    if step is not None and steps[-1] > step:
+        return (
+            f"--ckpt_path {path} is at step {step}, but {held}, later ones included: "
+            f"a run resumed there would mix two histories, and --ckpt_path latest would "
+            f"find the other one. Resume into another --trainer.default_root_dir"
+        )
+    return None
+
+
+def run_files(root: str | Path) -> tuple[list[int], list[Path]]:
+    """The steps of ``root``'s checkpoints and its TensorBoard event files."""
+    steps = sorted(s for s, _ in checkpoint_files_if_any(Path(root) / CHECKPOINT_DIRNAME))
+    return steps, sorted(Path(root).glob("events.out.tfevents.*"))
