@@ -179,6 +179,9 @@ class _Step:
     to keep its graph alive."""
 
 
+# The step being trained, one per Trainer and shared by all its watchers (one loss, one
+# gradient norm, one gather a step, whichever callbacks watch); weakly keyed: no attribute
+# written into the Trainer, and a finished Trainer takes its record with it.
 _STEPS: weakref.WeakKeyDictionary[pl.Trainer, _Step] = weakref.WeakKeyDictionary()
 
 
