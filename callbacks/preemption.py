@@ -64,12 +64,11 @@ def _run_after_checkpoints(trainer: pl.Trainer, callback: Callback) -> None:
 
 
 def _same_directory(trainer: pl.Trainer, dirpath: Path) -> list[ModelCheckpoint]:
-    """The Trainer's ModelCheckpoints that write full checkpoints into ``dirpath``."""
+    """The Trainer's ModelCheckpoints that write into ``dirpath``."""
     return [
         c
         for c in trainer.checkpoint_callbacks
         if isinstance(c, ModelCheckpoint)
-        and not c.save_weights_only
         and c.dirpath is not None
         and Path(c.dirpath).resolve() == dirpath.resolve()
     ]
@@ -129,7 +128,7 @@ class PreemptionCheckpoint(Callback):
         self._stop_overrides: dict[str, Any] = {}
         self._trainer: weakref.ref[pl.Trainer] | None = None
         self._savers: list[ModelCheckpoint] = []
-        """The ModelCheckpoints writing full checkpoints into ``dirpath``."""
+        """The ModelCheckpoints writing into ``dirpath``."""
         self._saved_before: list[tuple[str, Any]] = []
         """Their ``best_model_path`` and ``current_score`` as the step started."""
 
@@ -234,6 +233,8 @@ class PreemptionCheckpoint(Callback):
         a monitor cannot be told from one of an earlier step: None (this callback writes
         its own)."""
         for saver, (best, score) in zip(self._savers, self._saved_before, strict=True):
+            if saver.save_weights_only:
+                continue  # no file to resume from
             if saver.monitor is None:
                 written = saver.best_model_path if saver.best_model_path != best else None
             elif saver.current_score is not score:
@@ -267,7 +268,9 @@ class PreemptionCheckpoint(Callback):
         that only spends the signal's grace period, after the checkpoint is written. And it
         trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
         (the resumed run still trains to them). A validation due at this step anyway runs:
-        a resumed run counts it as done. Both settings come back at the end."""
+        a resumed run counts it as done. The ModelCheckpoints of ``dirpath`` write nothing
+        more in this fit: at the validation's and the epoch's end that Lightning runs after
+        a stop they would write this step again, beside the file. All come back at the end."""
         fit_loop = trainer.fit_loop
         self._stop_overrides = {
             "limit_val_batches": trainer.limit_val_batches,
@@ -278,6 +281,9 @@ class PreemptionCheckpoint(Callback):
             trainer.limit_val_batches = 0
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
+        self._stop_overrides["savers"] = [(c, c.save_top_k, c.save_last) for c in self._savers]
+        for saver in self._savers:
+            saver.save_top_k, saver.save_last = 0, None
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
@@ -291,6 +297,8 @@ class PreemptionCheckpoint(Callback):
             trainer.limit_val_batches = overrides["limit_val_batches"]
             trainer.fit_loop.epoch_loop.min_steps = overrides["min_steps"]
             trainer.fit_loop.min_epochs = overrides["min_epochs"]
+            for saver, top_k, last in overrides["savers"]:
+                saver.save_top_k, saver.save_last = top_k, last
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -73,6 +73,10 @@ SETUPS: dict[str, tuple[Callable[[Path, Path], list[ModelCheckpoint]], set[str]]
         lambda _, other: [_every(other, filename="{step}", save_top_k=-1)],
         set(),
     ),
+    "Lightning's default, at each epoch's end": (
+        lambda d, _: [ModelCheckpoint(d)],  # the stop ends the epoch: it would save there
+        set(),
+    ),
     "weights only": (
         lambda d, _: [_every(d, filename="weights-{step}", save_weights_only=True)],
         {"weights-step=10.ckpt"},
@@ -86,7 +90,7 @@ def train(
     steps: int,
     signal_at: int | None = None,
     ckpt: Path | None = None,
-) -> tuple[pl.Trainer, PreemptionCheckpoint]:
+) -> tuple[pl.Trainer, PreemptionCheckpoint, list[ModelCheckpoint]]:
     preemption = PreemptionCheckpoint(root / "ckpt")
     savers = SETUPS[setup][0](root / "ckpt", root / "other")
     extra: Sequence[Callback] = [] if signal_at is None else [SignalAt(signal_at)]
@@ -101,7 +105,7 @@ def train(
         callbacks=[preemption, *extra, *savers],
     )
     trainer.fit(PlantedMetric(SCORES), train_dataloaders=step_loader(), ckpt_path=ckpt)
-    return trainer, preemption
+    return trainer, preemption, savers
 
 
 def holding(directory: Path, step: int) -> set[str]:
@@ -112,7 +116,7 @@ def holding(directory: Path, step: int) -> set[str]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The uninterrupted run's weights and optimizer state (the setups do not change them)."""
-    trainer, _ = train(tmp_path_factory.mktemp("straight"), "save_last", STEPS)
+    trainer, _, _ = train(tmp_path_factory.mktemp("straight"), "save_last", STEPS)
     return _state(trainer)
 
 
@@ -128,7 +132,7 @@ def _state(trainer: pl.Trainer) -> dict[str, torch.Tensor]:
 def test_a_signal_leaves_one_file_of_its_step_and_its_resume_is_exact(
     tmp_path: Path, setup: str, at: int, straight: dict[str, torch.Tensor]
 ) -> None:
-    trainer, preemption = train(tmp_path, setup, STEPS, signal_at=at)
+    trainer, preemption, savers = train(tmp_path, setup, STEPS, signal_at=at)
     assert trainer.global_step == at
     theirs = SETUPS[setup][1] if at == ON else set()
     weights_only = {n for n in theirs if n.startswith("weights")}
@@ -139,7 +143,12 @@ def test_a_signal_leaves_one_file_of_its_step_and_its_resume_is_exact(
     assert preemption.saved_path is not None
     assert preemption.saved_path.parent == tmp_path / "ckpt"
     assert preemption.saved_path.name in (ours or full)
-    resumed, _ = train(tmp_path / "resumed", setup, STEPS, ckpt=preemption.saved_path)
+    # The settings the stop changed are back, for a later fit with these callbacks.
+    again = SETUPS[setup][0](tmp_path, tmp_path)
+    assert [(s.save_top_k, s.save_last) for s in savers] == [
+        (s.save_top_k, s.save_last) for s in again
+    ]
+    resumed, _, _ = train(tmp_path / "resumed", setup, STEPS, ckpt=preemption.saved_path)
     state = _state(resumed)
     assert state.keys() == straight.keys()
     assert [k for k, v in straight.items() if not torch.equal(v, state[k])] == []
