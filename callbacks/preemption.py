@@ -46,6 +46,8 @@ def _ends_at_this_step(trainer: pl.Trainer) -> bool:
 def _requeue_signal(trainer: pl.Trainer) -> int | None:
     """The signal on which Lightning's SLURM auto-requeue saves ``hpc_ckpt_<n>.ckpt`` and
     requeues the job (SIGUSR1 unless set), when that is on; None otherwise."""
+    # Private: the environment Lightning chose, or the user's plugin; public only on a
+    # parallel strategy (trainer.strategy.cluster_environment), none on one device.
     connector = getattr(trainer, "_accelerator_connector", None)
     environment = getattr(connector, "cluster_environment", None)
     if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):

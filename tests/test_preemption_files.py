@@ -6,6 +6,7 @@ modules written for the tests (tests/guarantee_modules.py) in a plain Trainer.""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,11 +15,13 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_spikes.callbacks import PreemptionCheckpoint
 from lit_spikes.callbacks.common import validates_at_this_step_anyway
+from lit_spikes.callbacks.preemption import _requeue_signal
 from tests.conftest import load_ckpt
 from tests.guarantee_modules import BATCH, PlantedMetric, rows, step_loader
 
@@ -188,3 +191,24 @@ def test_a_time_based_validation_schedule_keeps_lightnings_validation_at_the_sto
     )
     trainer.fit(Validated(SCORES), step_loader(), DataLoader(rows(), batch_size=BATCH))
     assert seen == {"anyway": True, "validated": [3]}
+
+
+@pytest.mark.parametrize(
+    ("plugins", "held"),
+    [
+        ([], None),
+        ([SLURMEnvironment()], signal.SIGUSR1),
+        ([SLURMEnvironment(auto_requeue=False)], None),
+        ([SLURMEnvironment(requeue_signal=signal.SIGHUP)], signal.SIGHUP),
+    ],
+)
+def test_the_requeue_signal_held_is_the_one_of_the_trainers_cluster_environment(
+    plugins: list[Any], held: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On one device too, where the strategy has no ``cluster_environment`` to ask (the
+    reason PreemptionCheckpoint reads the accelerator connector's)."""
+    for name in [n for n in os.environ if n.startswith("SLURM_")] + ["TORCHELASTIC_RUN_ID"]:
+        monkeypatch.delenv(name, raising=False)  # a suite run under SLURM: not detected
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, plugins=plugins or None)
+    assert not hasattr(trainer.strategy, "cluster_environment")
+    assert _requeue_signal(trainer) == held
