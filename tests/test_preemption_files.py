@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_spikes.callbacks import PreemptionCheckpoint
-from lit_spikes.callbacks.common import validates_at_this_step_anyway
+from lit_spikes.callbacks.common import trainer_callbacks, validates_at_this_step_anyway
 from lit_spikes.callbacks.preemption import _requeue_signal
 from tests.conftest import load_ckpt
 from tests.guarantee_modules import BATCH, PlantedMetric, rows, step_loader
@@ -38,7 +38,8 @@ class SignalAt(Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step:
-            (preemption,) = [c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)]  # type: ignore[attr-defined]
+            callbacks = trainer_callbacks(trainer)
+            (preemption,) = [c for c in callbacks if isinstance(c, PreemptionCheckpoint)]
             preemption.received = signal.SIGTERM
 
 
