@@ -46,11 +46,11 @@ def unused_checkpoint_path(dirpath: Path, step: int) -> Path:
 
 
 def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
-    """Whether Lightning's schedule validates after this step, stop or no stop (its own
-    rule, ``_TrainingEpochLoop._should_check_val_fx`` less the stop): a schedule in steps,
-    per epoch or in total, and an epoch's last batch. A time-based one cannot be told
-    ahead: True (nothing is skipped)."""
-    if getattr(trainer, "_val_check_time_interval", None) is not None:
+    """Whether Lightning's schedule validates after this step, stop or no stop (the rule
+    of Lightning's training epoch loop's validation check, less the stop): a schedule in
+    steps, per epoch or in total, and an epoch's last batch. A time-based one cannot be
+    told ahead: True (nothing is skipped)."""
+    if trainer.val_check_batch is None:  # what Lightning's fit loop sets for a time-based one
         return True
     epoch_loop = trainer.fit_loop.epoch_loop
     every_epochs, every = trainer.check_val_every_n_epoch, trainer.val_check_batch

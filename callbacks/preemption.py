@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
@@ -46,6 +46,8 @@ def _ends_at_this_step(trainer: pl.Trainer) -> bool:
 def _requeue_signal(trainer: pl.Trainer) -> int | None:
     """The signal on which Lightning's SLURM auto-requeue saves ``hpc_ckpt_<n>.ckpt`` and
     requeues the job (SIGUSR1 unless set), when that is on; None otherwise."""
+    # Private: the environment Lightning chose, or the user's plugin; public only on a
+    # parallel strategy (trainer.strategy.cluster_environment), none on one device.
     connector = getattr(trainer, "_accelerator_connector", None)
     environment = getattr(connector, "cluster_environment", None)
     if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):
@@ -54,14 +56,24 @@ def _requeue_signal(trainer: pl.Trainer) -> int | None:
     return None if requeue in HANDLED else int(requeue)
 
 
-def _run_just_before_checkpoints(trainer: pl.Trainer, callback: Callback) -> None:
-    """Move ``callback`` after the Trainer's other callbacks, just before the checkpoint
-    callbacks (which Lightning puts last): its ``on_train_batch_end`` then sees every
-    other callback's state of the step (a detector's judgement of it). A new list: a hook
-    loop of Lightning's may be iterating the old one."""
+def _run_after_checkpoints(trainer: pl.Trainer, callback: Callback) -> None:
+    """Move ``callback`` to the end of the Trainer's callbacks, after the checkpoint
+    callbacks (which Lightning's callback connector puts last before ``setup``): its
+    ``on_train_batch_end`` then sees every other callback's state of the step and the files
+    they wrote in it. A new list: a hook loop of Lightning's may be iterating the old one."""
     others = [c for c in trainer_callbacks(trainer) if c is not callback]
-    at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
-    trainer.callbacks = [*others[:at], callback, *others[at:]]  # type: ignore[attr-defined]
+    trainer.callbacks = [*others, callback]  # type: ignore[attr-defined]
+
+
+def _same_directory(trainer: pl.Trainer, dirpath: Path) -> list[ModelCheckpoint]:
+    """The Trainer's ModelCheckpoints that write into ``dirpath``."""
+    return [
+        c
+        for c in trainer.checkpoint_callbacks
+        if isinstance(c, ModelCheckpoint)
+        and c.dirpath is not None
+        and Path(c.dirpath).resolve() == dirpath.resolve()
+    ]
 
 
 class PreemptionCheckpoint(Callback):
@@ -83,8 +95,11 @@ class PreemptionCheckpoint(Callback):
     (under DDP every rank at the same step), and calls Lightning's handler there: the
     file is a step boundary's, and training goes on as Lightning's requeue does.
 
-    It runs after the other callbacks (``setup`` moves it just before the checkpoint
-    callbacks, which Lightning puts last), so that its file holds their state of the step.
+    It runs after the other callbacks (``setup`` moves it last, after the checkpoint
+    callbacks, which Lightning puts last), so that its file holds their state of the
+    step. Where a ``ModelCheckpoint`` of the same directory wrote a full checkpoint in the
+    step's ``on_train_batch_end`` (a step of its interval), that file is the one:
+    ``saved_path`` names it and nothing is written again.
 
     Its signal handlers replace Lightning's (and the default KeyboardInterrupt) only while
     training runs, and the previous handlers come back at the end. Python installs signal
@@ -114,6 +129,10 @@ class PreemptionCheckpoint(Callback):
         """(signal, received or None) while Lightning's requeue signal is held here."""
         self._stop_overrides: dict[str, Any] = {}
         self._trainer: weakref.ref[pl.Trainer] | None = None
+        self._savers: list[ModelCheckpoint] = []
+        """The ModelCheckpoints writing into ``dirpath``."""
+        self._saved_before: list[tuple[str, Any]] = []
+        """Their ``best_model_path`` and ``current_score`` as the step started."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         trainer = self._trainer() if self._trainer is not None else None
@@ -146,12 +165,13 @@ class PreemptionCheckpoint(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            _run_just_before_checkpoints(trainer, self)
+            _run_after_checkpoints(trainer, self)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.received, self.saved_path, self.ended_by_signal = None, None, False
         self._requeue = None
+        self._savers = _same_directory(trainer, self.dirpath)  # their setup set dirpath
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn(
                 f"PreemptionCheckpoint: fit runs in thread {threading.current_thread().name!r}, "
@@ -186,20 +206,12 @@ class PreemptionCheckpoint(Callback):
             # it ends as finished, not as a preempted run with nothing left to resume.
             self.ended_by_signal = True
             return
-        # Beside another run's file of this step (this run's own is never there yet).
-        path = unused_checkpoint_path(self.dirpath, trainer.global_step)
-        trainer.save_checkpoint(path, weights_only=False)  # synchronous: on disk now
+        path = self._saved_in_this_step()
+        if path is None:
+            # Beside another run's file of this step (this run's own is never there yet).
+            path = unused_checkpoint_path(self.dirpath, trainer.global_step)
+            trainer.save_checkpoint(path, weights_only=False)  # synchronous: on disk now
         self.saved_path = path
-        for callback in trainer.checkpoint_callbacks:
-            # A ModelCheckpoint of this directory runs after this hook (Lightning puts them
-            # last): at a step of its interval it would write the same state again, as
-            # step=<k>-v1.ckpt, inside the signal's grace period. It skips a step it saved.
-            dirpath = getattr(callback, "dirpath", None)
-            same_directory = (
-                dirpath is not None and Path(dirpath).resolve() == self.dirpath.resolve()
-            )
-            if isinstance(callback, ModelCheckpoint) and same_directory:
-                callback._last_global_step_saved = trainer.global_step
         trainer.should_stop = True
         self._stop_now(trainer)
         name = signal.Signals(self.received).name if self.received else "a signal on another rank"
@@ -209,6 +221,32 @@ class PreemptionCheckpoint(Callback):
             f"Received {name}: stopped after step {trainer.global_step}, checkpoint written "
             f"to {path}; a fit resumed from it continues bit-exactly."
         )
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        # References only (no IO, no host read): compared at a signal in this step's end.
+        self._saved_before = [(c.best_model_path, c.current_score) for c in self._savers]
+
+    def _saved_in_this_step(self) -> Path | None:
+        """The full checkpoint a ModelCheckpoint of ``dirpath`` wrote in this step's
+        ``on_train_batch_end`` (before this callback's), if one did: without a monitor its
+        ``best_model_path`` moves to each file it writes; with one, each file it writes
+        gets the step's new ``current_score``. A file rewritten under its old name without
+        a monitor cannot be told from one of an earlier step: None (this callback writes
+        its own)."""
+        for saver, (best, score) in zip(self._savers, self._saved_before, strict=True):
+            if saver.save_weights_only:
+                continue  # no file to resume from
+            if saver.monitor is None:
+                written = saver.best_model_path if saver.best_model_path != best else None
+            elif saver.current_score is not score:
+                new = saver.current_score
+                written = next((p for p, v in saver.best_k_models.items() if v is new), None)
+            else:
+                written = None
+            if written:
+                return self.dirpath / Path(written).name  # named as this callback names its own
+        return None
 
     def _requeue_at_step_end(self, trainer: pl.Trainer) -> None:
         """Call Lightning's requeue handler, held since the signal, now that the step is
@@ -232,7 +270,9 @@ class PreemptionCheckpoint(Callback):
         that only spends the signal's grace period, after the checkpoint is written. And it
         trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
         (the resumed run still trains to them). A validation due at this step anyway runs:
-        a resumed run counts it as done. Both settings come back at the end."""
+        a resumed run counts it as done. The ModelCheckpoints of ``dirpath`` write nothing
+        more in this fit: at the validation's and the epoch's end that Lightning runs after
+        a stop they would write this step again, beside the file. All come back at the end."""
         fit_loop = trainer.fit_loop
         self._stop_overrides = {
             "limit_val_batches": trainer.limit_val_batches,
@@ -243,6 +283,9 @@ class PreemptionCheckpoint(Callback):
             trainer.limit_val_batches = 0
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
+        self._stop_overrides["savers"] = [(c, c.save_top_k, c.save_last) for c in self._savers]
+        for saver in self._savers:
+            saver.save_top_k, saver.save_last = 0, None
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
@@ -256,6 +299,8 @@ class PreemptionCheckpoint(Callback):
             trainer.limit_val_batches = overrides["limit_val_batches"]
             trainer.fit_loop.epoch_loop.min_steps = overrides["min_steps"]
             trainer.fit_loop.min_epochs = overrides["min_epochs"]
+            for saver, top_k, last in overrides["savers"]:
+                saver.save_top_k, saver.save_last = top_k, last
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -657,7 +657,7 @@ def test_a_preemption_listed_first_still_saves_the_other_callbacks_state_of_its_
 ) -> None:
     """A Trainer built by hand may list PreemptionCheckpoint before a SpikeDetector: its
     file must still hold the detector's judgement of the step it was written at (it
-    moves itself just before the checkpoint callbacks, as Lightning moves those)."""
+    moves itself after the other callbacks, the checkpoint callbacks too)."""
     import lightning.pytorch as pl
 
     from lit_spikes.demo.data import StepDataModule
