@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-G = "tests/test_guarantees.py::"
+
+EXACT = "tests/library/callbacks/test_exact_resume.py::"
+LR = "tests/library/callbacks/test_lr_scaler.py::"
+LOADER = "tests/library/test_loader.py::"
+BATCH = "tests/library/callbacks/test_batch_skipper.py::"
+SKIP = "tests/library/callbacks/test_skip_step.py::"
+DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
+GUARANTEE_RUNS, GUARANTEE_MODULES = (
+    "tests/modules/guarantee_runs.py",
+    "tests/modules/guarantee_modules.py",
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +53,9 @@ MUTATIONS = [
         "    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))\n",
         "",
         (
-            G + "test_a_resume_draws_from_random_numpy_and_torch_as_the_uninterrupted_run",
-            G + "test_a_resume_in_a_new_process_draws_as_the_uninterrupted_run",
-            G + "test_an_lr_scaler_resume_equals_the_uninterrupted_run",
+            EXACT + "test_a_resume_draws_from_random_numpy_and_torch_as_the_uninterrupted_run",
+            EXACT + "test_a_resume_in_a_new_process_draws_as_the_uninterrupted_run",
+            LR + "test_an_lr_scaler_resume_equals_the_uninterrupted_run",
         ),
     ),
     Mutation(
@@ -54,8 +64,8 @@ MUTATIONS = [
         "        self.skip = normalize_skip((*saved, *self.skip))\n        self.next_step = step\n",
         "        self.skip = normalize_skip((*saved, *self.skip))\n",
         (
-            G + "test_a_step_loader_resumes_at_the_saved_step_without_exact_resume",
-            G + "test_a_batch_skipper_resume_equals_the_uninterrupted_run",
+            LOADER + "test_a_step_loader_resumes_at_the_saved_step_without_exact_resume",
+            BATCH + "test_a_batch_skipper_resume_equals_the_uninterrupted_run",
         ),
     ),
     Mutation(
@@ -64,8 +74,8 @@ MUTATIONS = [
         "                loader.seek(trainer.global_step)\n",
         "                pass\n",
         (
-            G + "test_a_loader_built_anew_each_epoch_goes_on_at_the_global_step",
-            G + "test_a_crash_checkpoint_resumes_the_step_that_failed",
+            LOADER + "test_a_loader_built_anew_each_epoch_goes_on_at_the_global_step",
+            EXACT + "test_a_crash_checkpoint_resumes_the_step_that_failed",
         ),
     ),
     Mutation(
@@ -74,9 +84,9 @@ MUTATIONS = [
         "                param.copy_(torch.where(skip.to(param.device), before, param))\n",
         "                pass\n",
         (
-            G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
-            G + "test_state_a_skipped_first_step_created_is_removed",
-            G + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
+            SKIP + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
+            SKIP + "test_state_a_skipped_first_step_created_is_removed",
+            SKIP + "test_after_a_skipped_first_step_training_goes_on_as_from_a_fresh_optimizer",
         ),
     ),
     Mutation(
@@ -85,8 +95,8 @@ MUTATIONS = [
         "                    now.copy_(torch.where(skip.to(now.device), old, now))\n",
         "                    pass\n",
         (
-            G + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
-            "tests/test_watchers_paths.py::test_a_nan_step_is_dropped_at_any_step",
+            SKIP + "test_a_skipped_step_leaves_weights_and_optimizer_state_as_before",
+            SKIP + "test_a_nan_step_is_dropped_at_any_step",
         ),
     ),
     Mutation(
@@ -95,8 +105,8 @@ MUTATIONS = [
         "                del optimizer.state[param]  # as before the step: no state at all\n",
         "                pass\n",
         (
-            G + "test_state_a_skipped_first_step_created_is_removed",
-            "tests/test_watchers_paths.py::test_a_nan_step_is_dropped_at_any_step",
+            SKIP + "test_state_a_skipped_first_step_created_is_removed",
+            SKIP + "test_a_nan_step_is_dropped_at_any_step",
         ),
     ),
     Mutation(
@@ -105,8 +115,8 @@ MUTATIONS = [
         'return min(limits) if self.mode == "any" else max(limits)',
         "return min(limits)",
         (
-            G + "test_the_rules_on_a_negative_metric_a_module_logs",
-            G + "test_the_rules_on_negative_values_judged_one_by_one",
+            DETECTOR + "test_the_rules_on_a_negative_metric_a_module_logs",
+            DETECTOR + "test_the_rules_on_negative_values_judged_one_by_one",
         ),
     ),
     Mutation(
@@ -115,8 +125,8 @@ MUTATIONS = [
         "limits.append(self.ratio * mean if mean > 0 else mean + (self.ratio - 1) * -mean)",
         "limits.append(self.ratio * mean)",
         (
-            G + "test_the_rules_on_a_negative_metric_a_module_logs",
-            G + "test_the_rules_on_negative_values_judged_one_by_one",
+            DETECTOR + "test_the_rules_on_a_negative_metric_a_module_logs",
+            DETECTOR + "test_the_rules_on_negative_values_judged_one_by_one",
         ),
     ),
     Mutation(
@@ -125,8 +135,8 @@ MUTATIONS = [
         "limits.append(self.ratio * mean if mean > 0 else mean + (self.ratio - 1) * -mean)",
         "limits.extend([self.ratio * mean] if mean > 0 else [])",
         (
-            G + "test_the_rules_on_a_negative_metric_a_module_logs",
-            G + "test_the_rules_on_negative_values_judged_one_by_one",
+            DETECTOR + "test_the_rules_on_a_negative_metric_a_module_logs",
+            DETECTOR + "test_the_rules_on_negative_values_judged_one_by_one",
         ),
     ),
     Mutation(
@@ -135,9 +145,8 @@ MUTATIONS = [
         "                        parameter.grad = None  # AdamW then changes nothing\n",
         "                        parameter.grad.zero_()  # type: ignore[union-attr]\n",
         (
-            "tests/test_reliability.py::test_nan_gradient_with_finite_loss_skips_the_update",
-            "tests/test_reliability.py::"
-            "test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target",
+            SKIP + "test_nan_gradient_with_finite_loss_skips_the_update",
+            SKIP + "test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target",
         ),
     ),
 ]
@@ -156,7 +165,10 @@ def tracked_copy(into: Path) -> Path:
             target.symlink_to(os.readlink(source))
         elif source.is_file():
             shutil.copy2(source, target)
-    for name in ("tests/test_guarantees.py", "tests/guarantee_modules.py"):  # if untracked
+    for name in (
+        "tests/modules/guarantee_runs.py",
+        "tests/modules/guarantee_modules.py",
+    ):  # if untracked
         if (REPO / name).is_file() and not (root / name).exists():
             shutil.copy2(REPO / name, root / name)
     return root

@@ -118,7 +118,7 @@ def fit(
     return Run(module, datamodule, spec, trainer)
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One worker per core (make test): two threads each would fight over the cores.
@@ -320,3 +320,14 @@ def lock_probe(directory: Path) -> str:
     if done.returncode == 3:
         return "busy"
     return "free" if done.returncode == 0 else done.stderr
+
+
+class NaNAtStepModule(TinyGPTModule):
+    """TinyGPTModule whose training step 12 returns a NaN loss from a finite forward."""
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step == 12:
+            self.history[-1]["loss"] = float("nan")
+            return loss * float("nan")
+        return loss

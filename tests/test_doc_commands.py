@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMANDS = ("fit", "validate", "recover", "diagnose", "check-resume")
 USER_CLASSES = {
-    "my_pkg.MyModule": "tests.fit_modules.DropoutNet",
-    "my_package.MyModule": "tests.fit_modules.DropoutNet",
-    "my_pkg.MyData": "tests.fit_modules.StepData",
-    "my_package.MyData": "tests.fit_modules.StepData",
+    "my_pkg.MyModule": "tests.modules.fit_modules.DropoutNet",
+    "my_package.MyModule": "tests.modules.fit_modules.DropoutNet",
+    "my_pkg.MyData": "tests.modules.fit_modules.StepData",
+    "my_package.MyData": "tests.modules.fit_modules.StepData",
 }
 """The docs' stand-ins for a user's classes, and a user's classes to parse them with."""
 _PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$|\[|\]|^\.\.\.$|CLASS_PATH|\.[A-Z]+$")

@@ -1,17 +1,40 @@
-"""The layers of the source (docs: README's layout): the library (lit_spikes/, testing/,
-callbacks/) imports neither the demo (lit_spikes/demo/) nor the tools (lit_spikes/tools/);
-the tools reach the demo through one module only, ``lit_spikes.tools.defaults``; no two
-modules import each other, directly or round a loop. Read from the source with ``ast``
-(every import counts: a function's, a ``TYPE_CHECKING`` one's), so nothing is imported."""
+"""The library on modules that are not the project's: StepLoader, ExactResume and the
+watching callbacks, with plain Lightning Trainers, ModelCheckpoint files and
+``Trainer.fit(ckpt_path=...)``, as a user runs them."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
+
+def test_the_library_imports_nothing_of_the_demo() -> None:
+    """A user's process that imports the callbacks and the loader loads no demo world,
+    model or module (and the project installs no top-level ``callbacks`` module, which a
+    user's own callbacks.py would clash with)."""
+    probe = (
+        "import sys, lit_spikes.callbacks, lit_spikes; "
+        "print(sorted(m for m in sys.modules if m.startswith(('lit_spikes', 'callbacks'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd="/", check=True, capture_output=True, text=True
+    )
+    loaded = result.stdout
+    assert "lit_spikes.demo" not in loaded and "lit_spikes.tools" not in loaded, loaded
+    assert "'callbacks" not in loaded
+
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
 SEAM = "lit_spikes.tools.defaults"
+
+
 LIBRARY = ("lit_spikes", "lit_spikes.loader", "lit_spikes.checkpoints", "lit_spikes.stacklevel")
+
+
 LIBRARY_PACKAGES = ("lit_spikes.testing", "lit_spikes.callbacks")
 
 
