@@ -44,13 +44,14 @@ class CheckpointWriteError(OSError):
     stood at that path before is still there (a new file is renamed into place only once
     written), and no other file was touched."""
 
-    def __init__(self, path: Path, error: OSError) -> None:
-        super().__init__(f"cannot write {path}: {_why(path, error)}")
+    def __init__(self, path: Path, error: OSError, message: str | None = None) -> None:
+        super().__init__(message or f"cannot write {path}: {_why(path, error)}")
         self.path, self.error, self.errno = path, error, error.errno
 
-    def __reduce__(self) -> tuple[type[CheckpointWriteError], tuple[Path, OSError]]:
-        # Rebuilt from its own arguments: a branch worker's error crosses the process pool.
-        return type(self), (self.path, self.error)
+    def __reduce__(self) -> tuple[type[CheckpointWriteError], tuple[Path, OSError, str]]:
+        # A branch worker's error crosses the process pool with its message: rebuilt from
+        # its arguments alone it measured the free space again, at another moment.
+        return type(self), (self.path, self.error, str(self))
 
 
 def _why(path: Path, error: OSError) -> str:
