@@ -7,7 +7,6 @@ much smaller than the spike the spike recurring (issue 31, items 7 and 8)."""
 
 from __future__ import annotations
 
-import logging
 import re
 import warnings
 from collections.abc import Sequence
@@ -33,7 +32,7 @@ from lit_spikes.tools.recover import (
     read_ledger,
     recover,
 )
-from lit_spikes.tools.training import checkpoint_path, step_checkpoint
+from lit_spikes.tools.training import checkpoint_path, quiet_branches, step_checkpoint
 from tests.modules.recover_setup import Crash, scale_lr, weights
 from tests.modules.spiky_modules import FEATURES, JumpRegressor, StepRegressionData
 
@@ -93,9 +92,8 @@ def plain_run(
         enable_model_summary=False,
         limit_val_batches=0,
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_branches():  # levels put back after
         warnings.simplefilter("ignore")
-        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
         trainer.fit(model, datamodule=data)
     return root / name
 

@@ -4,6 +4,7 @@ its state through real checkpoints."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from dataclasses import replace
@@ -209,6 +210,7 @@ def test_spike_detector_does_not_flag_a_smooth_run(tmp_path: Path) -> None:
 def test_spike_detector_flags_a_poisoned_batch_and_stops(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="lightning.pytorch")  # Lightning's default level
     detector = SpikeDetector(warmup=10, window=10, ratio=1.2, action="stop", verbose=True)
     data = replace(TINY_DATA, poison=(25,))
     run = fit(

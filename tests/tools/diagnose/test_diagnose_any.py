@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import fields
@@ -25,7 +24,7 @@ from lit_spikes.callbacks import ExactResume
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.tools.training import checkpoint_path, step_checkpoint
+from lit_spikes.tools.training import checkpoint_path, quiet_branches, step_checkpoint
 from tests.modules.spiky_modules import FaultyRegressor, JumpRegressor, StepRegressionData
 
 STEPS, EVERY, K = 36, 10, 10
@@ -60,9 +59,8 @@ def original_run(
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_branches():  # levels put back after
         warnings.simplefilter("ignore")  # Lightning's notes on workers and the like
-        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
         trainer.fit(model, datamodule=data)
     return run_dir
 
