@@ -30,10 +30,11 @@ figures: $(STAMP)
 	$(BIN)/python scripts/main_job.py --figures_dir docs/figures
 
 # The suite on one worker per core of CI's machine (pytest-xdist; WORKERS=0: in this
-# process, WORKERS=auto: one per core here). The tests sharing a module's trained run go to
-# one worker (tests/conftest.py's groups), and the slow ones first, in the order collected.
+# process, WORKERS=auto: one per core here). A file's tests go to one worker, which trains
+# the runs they share once (loadfile: xdist's groups are ignored under pytest 9.2,
+# pytest-xdist#1386), the files with slow tests first (tests/conftest.py).
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
 	$(BIN)/ruff check .

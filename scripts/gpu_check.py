@@ -106,21 +106,24 @@ def fit(kind: str, precision: str, steps: int, root: Path, ckpt: str | None = No
     return out
 
 
-def check_resume(kind: str, precision: str, steps: int, out: Path) -> bool:
-    whole = fit(kind, precision, steps, out / f"{kind}-{precision}-whole")
-    first = out / f"{kind}-{precision}-first"
-    fit(kind, precision, steps // 2, first)
-    ckpt = first / f"step={steps // 2}.ckpt"
-    resumed = out / f"{kind}-{precision}-resumed"
-    child = [
-        sys.executable,
-        __file__,
-        "--child",
-        json.dumps([kind, precision, steps, str(resumed), str(ckpt)]),
-    ]
-    subprocess.run(child, check=True)
-    a, b = torch.load(whole, weights_only=True), torch.load(resumed / "final.pt", weights_only=True)
-    return all(torch.equal(a[k], b[k]) for k in a)
+def check_resumes(runs: list[tuple[str, str]], steps: int, out: Path) -> list[bool]:
+    """Whether each (kind, precision) run, stopped at half its steps and resumed in a new
+    process, ends bit-equal to the uninterrupted one; one new process resumes them all (a
+    Python with torch and Lightning takes seconds to start)."""
+    jobs = []
+    for kind, precision in runs:
+        fit(kind, precision, steps, out / f"{kind}-{precision}-whole")
+        first = out / f"{kind}-{precision}-first"
+        fit(kind, precision, steps // 2, first)
+        resumed = out / f"{kind}-{precision}-resumed"
+        jobs.append([kind, precision, steps, str(resumed), str(first / f"step={steps // 2}.ckpt")])
+    subprocess.run([sys.executable, __file__, "--child", json.dumps(jobs)], check=True)
+    verdicts = []
+    for kind, precision in runs:
+        a = torch.load(out / f"{kind}-{precision}-whole" / "final.pt", weights_only=True)
+        b = torch.load(out / f"{kind}-{precision}-resumed" / "final.pt", weights_only=True)
+        verdicts.append(all(torch.equal(a[k], b[k]) for k in a))
+    return verdicts
 
 
 class _Stamps(Callback):
@@ -185,8 +188,8 @@ def main() -> None:
         message=".*(does not have many workers|dirpath has changed|exists and is not empty).*",
     )
     if args.child:
-        kind, precision, steps, root, ckpt = json.loads(args.child)
-        fit(kind, precision, steps, Path(root), ckpt)
+        for kind, precision, steps, root, ckpt in json.loads(args.child):
+            fit(kind, precision, steps, Path(root), ckpt)
         return
     cuda = torch.cuda.is_available()
     device = (
@@ -196,13 +199,12 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     # 16-mixed (a GradScaler, whose state Lightning checkpoints) only on CUDA: not a CPU mode.
     precisions = ["32-true", "bf16-mixed", *(["16-mixed"] if cuda else [])]
-    ok = True
-    for kind in ("default", "user"):
-        for precision in precisions:
-            exact = check_resume(kind, precision, args.steps if cuda else 20, out)
-            ok &= exact
-            verdict = "bit-equal" if exact else "DIFFERS"
-            print(f"resume in a new process, {kind} model, {precision}: {verdict}")
+    runs = [(kind, precision) for kind in ("default", "user") for precision in precisions]
+    verdicts = check_resumes(runs, args.steps if cuda else 20, out)
+    for (kind, precision), exact in zip(runs, verdicts, strict=True):
+        verdict = "bit-equal" if exact else "DIFFERS"
+        print(f"resume in a new process, {kind} model, {precision}: {verdict}")
+    ok = all(verdicts)
     if not cuda:
         print("no CUDA device: skipping steps per second and host syncs (run on a GPU machine)")
     else:

@@ -125,20 +125,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-SHARED_RUNS = {"reference", "main_job", "uninterrupted"}
-"""Module-scoped fixtures that train a run their module's tests share: under xdist those
-tests go to one worker (``--dist loadgroup``), which trains the run once."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # one process: the files' own order, each module's runs trained once
-    for item in items:
-        for name in SHARED_RUNS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(f"{item.nodeid.split('::')[0]}:{name}"))
-    # The slow end-to-end tests first: the workers take them at the start and share the
-    # short ones at the end, instead of one worker ending on a minutes-long test.
+        return  # one process: the files' own order
+    # Under `--dist loadfile` a file's tests go to one worker, so a module-scoped run they
+    # share is trained once. The files with slow end-to-end tests first: the workers take
+    # them at the start and share the short ones at the end.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
