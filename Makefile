@@ -32,7 +32,8 @@ figures: $(STAMP)
 # The suite on one worker per core of CI's machine (pytest-xdist; WORKERS=0: in this
 # process, WORKERS=auto: one per core here). A file's tests go to one worker, which trains
 # the runs they share once (loadfile: xdist's groups are ignored under pytest 9.2,
-# pytest-xdist#1386), the files with slow tests first (tests/conftest.py).
+# pytest-xdist#1386), the files with slow tests first (tests/conftest.py); the ten
+# slowest tests end the log.
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -40,7 +41,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(XDIST)
+	$(BIN)/python -m pytest $(XDIST) --durations=10
 
 # The inner loop: all but the end-to-end runs marked slow (which `make test` and CI run).
 test-fast: $(STAMP)
