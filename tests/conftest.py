@@ -145,6 +145,36 @@ def _note_children_left_running(request: pytest.FixtureRequest) -> Iterator[None
         _LEFT_RUNNING.setdefault(child.pid or 0, request.node.nodeid)
 
 
+def _unwrap_loader_classes() -> list[str]:
+    """Puts back torch's own ``__init__``/``__setattr__``/``__delattr__`` of DataLoader and
+    BatchSampler where a wrapper (``functools.wraps``: it has ``__wrapped__``) is left on
+    them; returns the names it put back."""
+    left = []
+    for cls in (torch.utils.data.DataLoader, torch.utils.data.BatchSampler):
+        for name in ("__init__", "__setattr__", "__delattr__"):
+            method = cls.__dict__.get(name)
+            if hasattr(method, "__wrapped__"):
+                left.append(f"{cls.__name__}.{name}")
+                while hasattr(method, "__wrapped__"):
+                    method = method.__wrapped__
+                setattr(cls, name, method)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def _no_loader_wrappers_left() -> Iterator[None]:
+    """Lightning wraps DataLoader's methods while a ``*_dataloader()`` hook runs and leaves
+    the wrappers on when the hook raises; with them, a StatefulDataLoader keeps every epoch's
+    iterator and its worker processes alive (a later GC joined 22 of them for 110 s).
+    The test that leaves them fails; the next ones get torch's methods back."""
+    yield
+    left = _unwrap_loader_classes()
+    assert not left, (
+        f"this test left Lightning's wrappers on {left}: a *_dataloader() hook raised inside "
+        "a fit; raise from setup() instead (docs/private-apis.md, row 11)"
+    )
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     # A pool worker left alive keeps the interpreter from exiting after the summary (CI ran
     # into its time limit so): end it, and name the test that left it.

@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
@@ -364,6 +365,10 @@ class StepDataModule(pl.LightningDataModule):
             self._train_tokens, self._val_tokens = train, val
         if self.trainer is not None:  # before any process trains on a ragged shard
             check_shard(self.config.batch_size, self.trainer.global_rank, self.trainer.world_size)
+            if self.trainer.state.fn == TrainerFn.FITTING:  # a fit, not a setup by hand
+                # Here, not in train_dataloader(): Lightning leaves its recording wrappers on
+                # DataLoader when that hook raises (docs/private-apis.md, row 11).
+                check_ends(self.trainer)
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -439,7 +444,6 @@ class StepDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("train_dataloader() needs a Trainer; use stream(step) outside one")
-        check_ends(trainer)  # a fit's own settings, before its first step
         # Lightning asks for it after restoring a checkpoint: the restored step is known.
         self.loader.seek(trainer.global_step)
         return self.loader

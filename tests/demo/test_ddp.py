@@ -222,12 +222,16 @@ def test_validation_shards_cover_every_window_once() -> None:
     dm = StepDataModule(replace(TINY_DATA, world=world, val_batch_size=2))
     seen = []
     for rank in range(WORLD):
-        dm.trainer = SimpleNamespace(world_size=WORLD, global_rank=rank)  # type: ignore[assignment]
+        dm.trainer = SimpleNamespace(
+            world_size=WORLD, global_rank=rank, state=SimpleNamespace(fn=None)
+        )  # type: ignore[assignment]
         seen.append(list(dm.val_dataloader().sampler))
     windows = len(dm.val_dataloader().dataset)  # type: ignore[arg-type]
     assert windows % WORLD == 1
     assert sorted(seen[0] + seen[1]) == list(range(windows))
-    dm.trainer = SimpleNamespace(world_size=windows + 1, global_rank=0)  # type: ignore[assignment]
+    dm.trainer = SimpleNamespace(
+        world_size=windows + 1, global_rank=0, state=SimpleNamespace(fn=None)
+    )  # type: ignore[assignment]
     with pytest.raises(ValueError, match=rf"{windows} windows .* world_size={windows + 1}"):
         dm.val_dataloader()
 
