@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 
@@ -31,6 +31,9 @@ DEFAULT_MODEL = DEMO_MODEL
 """The built-in model (the project's default run), and the only one with a QK-norm row."""
 DEFAULT_DATA = DEMO_DATA
 """The built-in data (the character world), built from its ``config`` (a ``DataConfig``)."""
+CompareRow = Literal["do_nothing", "qk_norm"]
+"""A comparison row of the report: the first run continued through its spike, or the
+built-in model with QK-norm at the same LR from scratch (a whole run more)."""
 FACTORY = "factory"
 """The key of a model or data given to ``run`` as a factory: ``{"factory": "<its name>"}``."""
 
@@ -163,10 +166,11 @@ class RecoverConfig:
     """Spikes the loop handles; later ones are recorded as unrecovered."""
     max_branches: int = 8
     """Remedy branches the loop may start over the whole run."""
-    compare: bool = False
+    compare: bool | str | tuple[str, ...] = False  # names checked below: a clear error
     """Also run 'do nothing' (the first run continued through its spike) and, for the
     built-in model, the cause-aimed fix (QK-norm at the same LR, from scratch) as rows of
-    the report."""
+    the report: True for both, or the rows by name (``do_nothing`` alone: not the QK-norm
+    run, which costs a whole run more)."""
     devices: int = 1
     """Processes per machine. More than one trains every branch with Lightning's DDP
     across them (gloo on CPU), each taking its shard of the step's global batch."""
@@ -197,6 +201,7 @@ class RecoverConfig:
         object.__setattr__(self, "data", _data_dict(self.data))
         object.__setattr__(self, "ladder", tuple(map(check_rung, _names(self.ladder))))
         self._check_ladder()
+        self._check_compare()
         self._check_counts()
         self._check_default_run()
         self._check_processes()
@@ -214,6 +219,30 @@ class RecoverConfig:
             raise ValueError(
                 f"RecoverConfig.ladder={names!r}: give at least one remedy, each class once"
             )
+
+    def _check_compare(self) -> None:
+        if isinstance(self.compare, bool):
+            return
+        rows = _names(self.compare)
+        known = get_args(CompareRow)
+        if any(row not in known for row in rows) or len(set(rows)) != len(rows):
+            raise ValueError(
+                f"RecoverConfig.compare={list(rows)!r}: give true, false or some of "
+                f"{list(known)}, each once"
+            )
+        if "qk_norm" in rows and not self.builtin_model:
+            raise ValueError(
+                f"RecoverConfig.compare: the qk_norm row needs the built-in model, not "
+                f"{self.model_name} (a QK-norm switch is the built-in GPT's); drop it"
+            )
+        object.__setattr__(self, "compare", rows)
+
+    @property
+    def compare_rows(self) -> tuple[CompareRow, ...]:
+        """The comparison rows this config runs, in the report's order."""
+        if self.compare is True:
+            return ("do_nothing", "qk_norm") if self.builtin_model else ("do_nothing",)
+        return tuple(row for row in get_args(CompareRow) if row in (self.compare or ()))
 
     def _check_counts(self) -> None:
         steps = self.steps

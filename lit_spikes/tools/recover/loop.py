@@ -504,11 +504,10 @@ class RecoveryLoop:
     # -- comparison rows and the end
 
     def plan_comparison(self) -> bool:
-        if not self.config.compare:
-            return False
+        rows = self.config.compare_rows
         names = {b.name for b in self.ledger.branches}
         base = self.ledger.branch("base")
-        if base.status == "spiked" and "compare/do_nothing" not in names:
+        if "do_nothing" in rows and base.status == "spiked" and "compare/do_nothing" not in names:
             step, path, owner = self._newest_on_lineage(base)
             self.add_branch(
                 BranchRecord(
@@ -521,7 +520,7 @@ class RecoveryLoop:
                 )
             )
             return True
-        if "compare/qk_norm" not in names and self.config.builtin_model:
+        if "qk_norm" in rows and "compare/qk_norm" not in names:
             self.add_branch(
                 BranchRecord(
                     name="compare/qk_norm",

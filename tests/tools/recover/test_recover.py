@@ -89,11 +89,30 @@ def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ({"val_every": 25}, r"val_every=25 must be None or divide the run's 60 steps"),
         ({"gpt": replace(TINY_GPT, block_size=64)}, r"gpt.block_size=64 and data.block_size=16"),
         ({"ladder": ("scale_lr",)}, r"'scale_lr' is now named by its class: 'lit_spikes"),
+        ({"compare": "qk"}, r"compare=\['qk'\]: give true, false or some of \['do_nothing'"),
+        ({"compare": ("qk_norm", "qk_norm")}, r"compare=\['qk_norm', 'qk_norm'\]: .* each once"),
     ],
 )
 def test_config_rejects_bad_values(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tiny_config(tmp_path, **changes)
+
+
+@pytest.mark.parametrize(
+    ("flag", "rows"),
+    [
+        ("false", ()),
+        ("true", ("do_nothing", "qk_norm")),
+        ("do_nothing", ("do_nothing",)),
+        ("[qk_norm, do_nothing]", ("do_nothing", "qk_norm")),  # in the report's order
+    ],
+)
+def test_compare_takes_true_or_the_rows_by_name(flag: str, rows: tuple[str, ...]) -> None:
+    from lit_spikes.tools.recover import parse
+
+    config = parse(["--compare", flag])[0]
+    assert config.compare_rows == rows
+    assert RecoverConfig.from_dict(config.to_dict()) == config  # as a ledger holds it
 
 
 def test_config_round_trips_through_json(tmp_path: Path) -> None:
@@ -810,7 +829,8 @@ def test_recover_on_the_default_reference_config(tmp_path: Path) -> None:
     better validation bits/char than doing nothing; the ledger's counts are its runs'.
     How much better depends on the CPU (its kernels round differently, and the remedy
     that wins differs): 0.714 against 1.083 on AMD EPYC, 1.395 against 1.421 on Intel."""
-    result = recover(RecoverConfig(log_root=tmp_path / "recover", compare=True))
+    # The do-nothing row only: the QK-norm row (a whole run more) has its own test above.
+    result = recover(RecoverConfig(log_root=tmp_path / "recover", compare="do_nothing"))
     ledger, root = result.ledger, tmp_path / "recover"
     assert ledger.status == "done" and ledger.totals is not None
     (intervention,) = ledger.interventions
@@ -822,6 +842,8 @@ def test_recover_on_the_default_reference_config(tmp_path: Path) -> None:
     lineage = steps_of(result.lineage)
     assert [r["step"] for r in lineage] == list(range(400))
     rows = {row["run"]: row for row in ledger.comparison}
+    assert "QK-norm at the same LR (from scratch)" not in rows
+    assert not any(b.name == "compare/qk_norm" for b in ledger.branches)
     assert result.val_bpc is not None
     assert result.val_bpc < rows["do nothing (continue through the spike)"]["val_bpc"]
     main = [b for b in ledger.branches if b.kind != "compare"]

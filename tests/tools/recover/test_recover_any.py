@@ -238,6 +238,7 @@ def test_factories_train_as_their_class_paths_and_a_restart_needs_them(tmp_path:
         ),
         ({"ladder": [scale_lr(0.5), scale_lr(0.1)]}, r"each class once"),
         ({"ladder": ["torch.nn.Linear"]}, r"ladder='torch.nn.Linear' is not a Callback"),
+        ({"compare": "qk_norm"}, r"the qk_norm row needs the built-in model, not tests\."),
     ],
 )
 def test_bad_settings_are_refused_by_name(
