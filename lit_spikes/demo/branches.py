@@ -347,6 +347,8 @@ class _Here:
     def put(self, item: tuple[str, str, Any]) -> None:
         kind, name, payload = item
         if kind == "progress":
+            if self.runner.poll is not None:
+                self.runner.poll()
             self.runner._show(name, payload)
             self.runner._read_reports()
             self.runner._dispatch()
@@ -375,10 +377,15 @@ class BranchRunner:
         >>> runner.results["demo1/reference"]
     """
 
-    def __init__(self, log_root: Path, workers: int = 2) -> None:
+    def __init__(
+        self, log_root: Path, workers: int = 2, poll: Callable[[], None] | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers={workers} must be >= 1")
         self.log_root, self.workers = log_root, workers
+        self.poll = poll
+        """Called between the steps of a branch trained here and between waits for the
+        workers; it may raise to stop everything (the main job's dropped signal)."""
         self.results: dict[str, BranchResult] = {}
         self._stack = ExitStack()
         self._waiting: deque[Branch] = deque()
@@ -527,6 +534,8 @@ class BranchRunner:
         branch's error is raised here; a dead worker's as ``WorkerDied``. While every
         worker is busy, this process trains the next waiting branch itself."""
         while self._waiting or self._futures:
+            if self.poll is not None:
+                self.poll()
             self._raise_if_broken()  # before this process trains a branch of its own
             self._dispatch()
             if self._waiting:

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from errno import EEXIST, ENOTEMPTY
@@ -204,26 +204,40 @@ class MainJobInterrupted(BaseException):
         return f"{signal.Signals(self.signum).name} stopped it"
 
 
+class _JobSignal:
+    """The signal that stopped the job, once one fired. Its handler raises at once, but
+    a raise that lands in a weakref callback or a ``__del__`` is printed and dropped
+    (CI saw a Ctrl-C lost so, the job going on to a wrong error): ``raise_if_fired``
+    raises it again at the next safe point."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def raise_if_fired(self) -> None:
+        if self.signum is not None:
+            raise MainJobInterrupted(self.signum)
+
+
 @contextmanager
-def _signals_stop_the_job(signums: tuple[int, ...]) -> Iterator[None]:
+def _signals_stop_the_job(signums: tuple[int, ...]) -> Iterator[_JobSignal]:
     """While the job runs, the first of ``signums`` raises ``MainJobInterrupted`` in the
     main thread; Lightning's SIGTERM handler calls this one too, and a run's
     ``PreemptionCheckpoint`` hands it a second signal. Without it, a SIGTERM during a
     branch trained here ended the job with status 0 (Lightning's ``SIGTERMException`` is
     a ``SystemExit(None)``), a Ctrl-C there with 1, and a SIGTERM while this process
-    waited for its workers killed it at once and left them training, orphaned. A second
+    waited for its workers killed it at once and left them training, orphaned. Whatever
+    else ends the job once a signal fired, it ends as ``MainJobInterrupted``. A second
     signal (Lightning's teardown may have put this handler back) does what it did before
     the job: a second Ctrl-C interrupts the cleanup, a second SIGTERM ends the process."""
+    fired = _JobSignal()
     if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (a job run from another thread)
+        yield fired  # only the main thread may set handlers (a job run from another thread)
         return
     previous = {signum: signal.getsignal(signum) for signum in signums}
-    fired = False
 
     def stop(signum: int, frame: Any) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
+        if fired.signum is None:
+            fired.signum = signum
             raise MainJobInterrupted(signum)
         before = previous[signum]
         if callable(before):
@@ -235,10 +249,17 @@ def _signals_stop_the_job(signums: tuple[int, ...]) -> Iterator[None]:
     for signum in signums:
         signal.signal(signum, stop)
     try:
-        yield
+        yield fired
+    except MainJobInterrupted:
+        raise
+    except BaseException as error:
+        if fired.signum is None:
+            raise
+        raise MainJobInterrupted(fired.signum) from error  # e.g. Lightning's SIGTERMException
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    fired.raise_if_fired()  # its raise was dropped and nothing else stopped the job
 
 
 ONE_RUN_NOTE = (
@@ -274,14 +295,18 @@ def run_main_job(
         # Under DDP a Ctrl-C stays Lightning's: its KeyboardInterrupt path also kills the
         # other ranks, which would otherwise wait in a collective for this one.
         signums = (signal.SIGTERM,) if setup.distributed else (signal.SIGINT, signal.SIGTERM)
-        with _signals_stop_the_job(signums):
-            return _run_main_job(setup, demos, console, leader)
+        with _signals_stop_the_job(signums) as fired:
+            return _run_main_job(setup, demos, console, leader, fired.raise_if_fired)
     finally:
         root_lock.release()
 
 
 def _run_main_job(
-    setup: DemoSetup, demos: tuple[int, ...], console: Console | None, leader: bool
+    setup: DemoSetup,
+    demos: tuple[int, ...],
+    console: Console | None,
+    leader: bool,
+    poll: Callable[[], None],
 ) -> MainJobResult:
     console = console or wide_console()
     if not leader:
@@ -302,7 +327,7 @@ def _run_main_job(
     if setup.distributed:
         results, plan, no_spike = _run_in_sequence(setup, demos, need_plan)
     else:
-        results, plan, no_spike = _run_in_parallel(setup, demos, need_plan)
+        results, plan, no_spike = _run_in_parallel(setup, demos, need_plan, poll)
     train = time.perf_counter() - start
     reference = results[REFERENCE]
     demo1 = demo2 = ledger = None
@@ -336,7 +361,7 @@ def _run_main_job(
 
 
 def _run_in_parallel(
-    setup: DemoSetup, demos: tuple[int, ...], need_plan: bool
+    setup: DemoSetup, demos: tuple[int, ...], need_plan: bool, poll: Callable[[], None]
 ) -> tuple[dict[str, BranchResult], SpikePlan | None, NoSpikeAfterWarmup | None]:
     """The reference trains in this process from the first second; ``setup.workers``
     worker processes take each branch as soon as what it needs is on disk. Without a
@@ -344,7 +369,7 @@ def _run_in_parallel(
     plan: SpikePlan | None = None
     spikes: list[dict[str, Any]] = []
     waiting_for_demo1 = 1 in demos
-    with BranchRunner(setup.log_root, setup.workers) as runner:
+    with BranchRunner(setup.log_root, setup.workers, poll) as runner:
 
         def on_report(kind: str, name: str, payload: Any) -> None:
             nonlocal plan, waiting_for_demo1
