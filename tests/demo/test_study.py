@@ -213,3 +213,24 @@ def test_lit_spikes_study_is_a_command(tmp_path: Path, capsys: pytest.CaptureFix
     assert exit_info.value.code == 2
     assert "sweep.peak_lrs=[] must be positive LRs" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_signal_whose_raise_was_dropped_still_stops_the_study() -> None:
+    """A signal's raise that lands in a weakref callback is printed and dropped: the study
+    must not go on computing cells, nor end as done, after a Ctrl-C."""
+    import signal
+
+    from lit_spikes.demo.study.runner import StudyInterrupted, _signals_stop
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(StudyInterrupted) as stopped, _signals_stop() as check:
+            check()  # nothing fired yet: no raise
+            with pytest.raises(StudyInterrupted):  # as if a weakref callback dropped it
+                signal.raise_signal(signal.SIGINT)
+            with pytest.raises(StudyInterrupted):
+                check()  # between cells
+        assert stopped.value.signum == signal.SIGINT
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -152,19 +152,36 @@ def _clock(seconds: float) -> str:
 
 
 @contextmanager
-def _signals_stop() -> Iterator[None]:
+def _signals_stop() -> Iterator[Callable[[], None]]:
+    """SIGINT and SIGTERM raise ``StudyInterrupted``; a raise that lands in a weakref
+    callback is dropped (as the main job's once was), so the signal is remembered: the
+    yielded check raises it between cells, and the study never ends as done after one."""
+    fired: list[int] = []
+
     def stop(signum: int, frame: Any) -> None:
+        fired.append(signum)
         raise StudyInterrupted(signum)
 
+    def check() -> None:
+        if fired:
+            raise StudyInterrupted(fired[0])
+
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield check
         return
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield check
+    except StudyInterrupted:
+        raise
+    except BaseException as error:
+        if not fired:
+            raise
+        raise StudyInterrupted(fired[0]) from error
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    check()
 
 
 def done_cells(config: StudyConfig) -> StudyRun:
@@ -220,9 +237,10 @@ def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> S
 
     for cell in first_cells(config):
         take(cell)
-    with _signals_stop():
+    with _signals_stop() as check:
         if workers == 1:
             while waiting:
+                check()
                 cell = waiting.pop(0)
                 finished(cell, run_cell(config, cell))
                 run.computed.append(cell.name)
@@ -232,7 +250,7 @@ def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> S
                 remaining = progress.remaining_cost(waiting, [], len(open_seeds))
                 progress.line(len(run.results), total, len(run.computed), remaining)
         else:
-            _run_pool(config, workers, waiting, run, finished, progress, open_seeds)
+            _run_pool(config, workers, waiting, run, finished, progress, open_seeds, check)
     run.wall_s = time.perf_counter() - start
     return run
 
@@ -245,6 +263,7 @@ def _run_pool(
     finished: Any,
     progress: _Progress,
     open_seeds: set[tuple[int, int]],
+    check: Callable[[], None],
 ) -> None:
     context = _context()
     pids = context.Queue()
@@ -257,7 +276,10 @@ def _run_pool(
             while waiting and len(futures) < workers:
                 cell = waiting.pop(0)
                 futures[pool.submit(_work, config, cell)] = cell
-            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            done, _ = wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
+            check()  # a signal whose raise was dropped
+            if not done:
+                continue
             for future in done:
                 cell = futures.pop(future)
                 finished(cell, future.result())  # a cell's error is raised here
