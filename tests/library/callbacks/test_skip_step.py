@@ -412,17 +412,24 @@ RESUME_AT = (K, POISON + 1)
 itself) and from after it (the restored window and skipped list carry the decision)."""
 
 
-def _ddp_worker(root: str, name: str, ckpt_path: str | None = None) -> None:
-    """Body of ``python -m tests.library.callbacks.test_skip_step <root> <name> [<ckpt>]``,
-    run by both ranks: the poisoned batch of step 28 lands in rank 0's rows only
-    (``poison_rows="first_half"``)."""
+def _ddp_worker(root: str, *runs: str) -> None:
+    """Body of ``python -m tests.library.callbacks.test_skip_step <root> <run>...``, run
+    by both ranks: each run, ``<name>`` or ``<name>=<ckpt>``, one after the other in the
+    same two processes (a launch costs seconds of imports). The poisoned batch of step
+    28 lands in rank 0's rows only (``poison_rows="first_half"``)."""
+    for run_arg in runs:
+        name, _, ckpt_path = run_arg.partition("=")
+        _ddp_run(Path(root), name, ckpt_path or None)
+
+
+def _ddp_run(root: Path, name: str, ckpt_path: str | None) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
     skip = skip_step()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = fit(
-            Path(root),
+            root,
             name,
             DDP_STEPS,
             optim=OPTIM,
@@ -436,34 +443,35 @@ def _ddp_worker(root: str, name: str, ckpt_path: str | None = None) -> None:
     rank = run.trainer.global_rank
     torch.save(
         {k: v.detach().clone() for k, v in run.module.state_dict().items()},
-        Path(root) / f"{name}.weights.rank{rank}.pt",
+        root / f"{name}.weights.rank{rank}.pt",
     )
     report = {
         "skipped": list(skip.skipped_steps),
         "losses": run.losses,
         "values": list(skip.values),
     }
-    (Path(root) / f"{name}.report.rank{rank}.json").write_text(json.dumps(report))
+    (root / f"{name}.report.rank{rank}.json").write_text(json.dumps(report))
 
 
-def run_ddp_skip_step(root: Path, name: str, ckpt_path: Path | None = None) -> list[Any]:
-    """One 2-process run of ``_ddp_worker``; returns each rank's report."""
-    command = [sys.executable, "-m", "tests.library.callbacks.test_skip_step", str(root), name]
-    if ckpt_path is not None:
-        command.append(str(ckpt_path))
+def run_ddp_skip_step(root: Path, *runs: tuple[str, Path | None]) -> dict[str, list[Any]]:
+    """One 2-process launch of ``_ddp_worker`` for ``runs`` (name, checkpoint or None);
+    returns each run's reports, one a rank."""
+    args = [name if ckpt is None else f"{name}={ckpt}" for name, ckpt in runs]
+    command = [sys.executable, "-m", "tests.library.callbacks.test_skip_step", str(root), *args]
     done = subprocess.run(
-        command, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=120
+        command, cwd=REPO, env=ddp_env(), capture_output=True, text=True, timeout=180
     )
-    reports = [root / f"{name}.report.rank{rank}.json" for rank in (0, 1)]
-    assert done.returncode == 0 and all(p.exists() for p in reports), done.stderr[-4000:]
-    return [json.loads(p.read_text()) for p in reports]
+    reports = {name: [root / f"{name}.report.rank{r}.json" for r in (0, 1)] for name, _ in runs}
+    found = all(p.exists() for paths in reports.values() for p in paths)
+    assert done.returncode == 0 and found, done.stderr[-4000:]
+    return {name: [json.loads(p.read_text()) for p in paths] for name, paths in reports.items()}
 
 
 @pytest.mark.slow
 def test_under_ddp_every_rank_skips_the_same_step_and_resumes_bit_exactly(
     tmp_path: Path,
 ) -> None:
-    rank0, rank1 = run_ddp_skip_step(tmp_path, "ddp")
+    rank0, rank1 = run_ddp_skip_step(tmp_path, ("ddp", None))["ddp"]
     # Only rank 0 saw the bad rows, yet both judged the global loss and skipped step 28.
     assert rank0["losses"][str(POISON)] > 1.3 * rank1["losses"][str(POISON)]
     assert rank0["skipped"] == rank1["skipped"] == [POISON]
@@ -483,9 +491,9 @@ def test_under_ddp_every_rank_skips_the_same_step_and_resumes_bit_exactly(
     # Resumed under DDP, before and after the skipped step: the same decisions, the same
     # window and, on every parameter and AdamW moment, the same bits.
     full = load_ckpt(checkpoint_path(tmp_path / "ddp", DDP_STEPS))
-    for start in RESUME_AT:
-        name = f"resumed_from_{start}"
-        resumed = run_ddp_skip_step(tmp_path, name, checkpoint_path(tmp_path / "ddp", start))
+    starts = [(f"resumed_from_{k}", checkpoint_path(tmp_path / "ddp", k)) for k in RESUME_AT]
+    resumes = run_ddp_skip_step(tmp_path, *starts)  # both in one launch
+    for name, resumed in resumes.items():
         for rank, report in enumerate(resumed):
             assert report["skipped"] == [POISON], f"{name}, rank {rank}"
             assert report["values"] == rank0["values"], f"{name}, rank {rank}"
