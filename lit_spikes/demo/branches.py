@@ -347,8 +347,7 @@ class _Here:
     def put(self, item: tuple[str, str, Any]) -> None:
         kind, name, payload = item
         if kind == "progress":
-            if self.runner.poll is not None:
-                self.runner.poll()
+            self.runner.poll()
             self.runner._show(name, payload)
             self.runner._read_reports()
             self.runner._dispatch()
@@ -383,7 +382,7 @@ class BranchRunner:
         if workers < 1:
             raise ValueError(f"workers={workers} must be >= 1")
         self.log_root, self.workers = log_root, workers
-        self.poll = poll
+        self.poll = poll or (lambda: None)
         """Called between the steps of a branch trained here and between waits for the
         workers; it may raise to stop everything (the main job's dropped signal)."""
         self.results: dict[str, BranchResult] = {}
@@ -534,8 +533,7 @@ class BranchRunner:
         branch's error is raised here; a dead worker's as ``WorkerDied``. While every
         worker is busy, this process trains the next waiting branch itself."""
         while self._waiting or self._futures:
-            if self.poll is not None:
-                self.poll()
+            self.poll()
             self._raise_if_broken()  # before this process trains a branch of its own
             self._dispatch()
             if self._waiting:
