@@ -3,6 +3,7 @@ tests on other modules share."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes.demo.data import DataConfig
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import OptimConfig
-from lit_spikes.tools.recover import (
-    RecoverConfig,
-)
-from tests.conftest import (
-    TINY_DATA,
-    TINY_GPT,
-    TINY_OPTIM,
-)
+from lit_spikes.tools.recover import RecoverConfig, RecoverResult
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, assert_states_equal, load_ckpt
 
 N = 60
 
@@ -112,3 +107,38 @@ class Crash(Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError(f"injected crash at step {self.step}")
+
+
+def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "step" in r]
+
+
+def assert_same_outcome(result: RecoverResult, reference: RecoverResult) -> None:
+    """Same decisions, same counts, same lineage losses, bit-equal final state."""
+    for got, want in zip(result.ledger.interventions, reference.ledger.interventions, strict=True):
+        assert (got.spike["step"], got.ckpt_step, got.tried, got.accepted, got.outcomes) == (
+            want.spike["step"],
+            want.ckpt_step,
+            want.tried,
+            want.accepted,
+            want.outcomes,
+        )
+    got_totals, want_totals = result.ledger.totals, reference.ledger.totals
+    assert got_totals is not None and want_totals is not None
+    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val_bpc"):
+        assert getattr(got_totals, name) == getattr(want_totals, name), name
+    assert [(r["step"], r["loss"]) for r in steps_of(result.lineage)] == [
+        (r["step"], r["loss"]) for r in steps_of(reference.lineage)
+    ]
+    assert_states_equal(load_ckpt(result.final_ckpt), load_ckpt(reference.final_ckpt))
+
+
+class SignalSelf(Callback):
+    """Sends its own process ``signum`` at the start of global step ``step``."""
+
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
