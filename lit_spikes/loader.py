@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 _MASK64 = 2**64 - 1
 
@@ -181,6 +181,16 @@ class StepLoader:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"seed={seed!r} must be an integer in [0, 2**63)")
+        if isinstance(dataset, IterableDataset):
+            # It inherits Dataset's __getitem__ (which raises) and may define __len__: the
+            # check below would pass it, and the fit would fail at its first batch.
+            raise ValueError(
+                f"dataset={type(dataset).__name__} is an IterableDataset: StepLoader reads "
+                "row k of a step, which a stream has no way back to. Give a map-style "
+                "Dataset (__getitem__(index) and __len__), e.g. its rows materialized in a "
+                "TensorDataset or a list, or feed the stream to a torchdata "
+                "StatefulDataLoader instead"
+            )
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise ValueError(
                 f"dataset={type(dataset).__name__}: StepLoader needs a map-style dataset "

@@ -145,6 +145,13 @@ class _Stream(torch.utils.data.IterableDataset[int]):
         return iter(range(10))
 
 
+class _SizedStream(_Stream):
+    """A stream that says its length: Dataset's __getitem__ (which raises) and __len__."""
+
+    def __len__(self) -> int:
+        return 10
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -153,7 +160,14 @@ class _Stream(torch.utils.data.IterableDataset[int]):
         (lambda: StepLoader(regression_data(), 8, num_workers=-1), r"num_workers=-1"),
         (lambda: StepLoader(regression_data(), 8, shuffle="no"), r"shuffle='no' must be True"),
         (lambda: StepLoader(regression_data(), 8, skip=[-2]), r"skip position -2"),
-        (lambda: StepLoader(_Stream(), 8), r"needs a map-style dataset"),
+        (lambda: StepLoader(_Stream(), 8), r"dataset=_Stream is an IterableDataset"),
+        (
+            lambda: StepLoader(_SizedStream(), 8),
+            r"dataset=_SizedStream is an IterableDataset.*"
+            r"map-style",
+        ),
+        (lambda: StepLoader([1.0] * 10, 8, seed=-1), r"seed=-1"),
+        (lambda: StepLoader(object(), 8), r"dataset=object: StepLoader needs a map-style"),
     ],
 )
 def test_bad_loader_arguments_are_refused_by_name(make: Callable[[], Any], message: str) -> None:
