@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import deque
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
@@ -175,10 +176,21 @@ class SpikeDetector(Watcher):
     @property
     @override
     def state_key(self) -> str:
-        # Every setting that makes two detectors judge differently (two of them may watch
-        # one run), but min_step: it only gates which flags count, and diagnose replays a
-        # run's detector from step 0. robust_z only when set: a checkpoint written before
-        # it existed names its ratio detector as this one does.
+        # What makes two detectors judge differently (two of them may watch one run): not
+        # what they do with a flag (action, verbose), so that a resume may change that and
+        # keep the window. Not min_step either: it only gates which flags count, and
+        # diagnose replays a run's detector from step 0.
+        return self._key()
+
+    @property
+    def older_state_keys(self) -> tuple[str, ...]:
+        """The keys this detector's state was saved under before its key left out
+        ``action`` (either one): a resume from such a file restores it too."""
+        return tuple(self._key(action=action) for action in ("log", "stop"))
+
+    def _key(self, **older: Any) -> str:
+        # robust_z only when set: a checkpoint written before it existed names its ratio
+        # detector as this one does.
         robust = {"robust_z": self.robust_z} if self.robust_z is not None else {}
         return make_state_key(
             self,
@@ -188,14 +200,44 @@ class SpikeDetector(Watcher):
             z_score=self.z_score,
             mode=self.mode,
             warmup=self.warmup,
-            action=self.action,
+            **older,
             **robust,
         )
 
     def state_in(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-        """This detector's state in ``checkpoint``, or None."""
-        state: dict[str, Any] | None = checkpoint.get("callbacks", {}).get(self.state_key)
-        return state
+        """This detector's state in ``checkpoint`` (under its key or an older one), or None."""
+        states = checkpoint.get("callbacks") or {}
+        for key in (self.state_key, *self.older_state_keys):
+            if key in states:
+                state: dict[str, Any] = states[key]
+                return state
+        return None
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning restores the state under state_key itself, after this hook; a file of
+        # an older key is restored here. A detector that finds neither would judge the
+        # resumed steps on an empty window, with only Lightning's generic warning naming
+        # the file's keys: this one names the detector.
+        states = checkpoint.get("callbacks") or {}
+        if self.state_key in states:
+            return
+        state = self.state_in(checkpoint)
+        if state is not None:
+            self.load_state_dict(copy.deepcopy(state))
+            return
+        saved = [str(k) for k in states if str(k).startswith(f"{type(self).__qualname__}{{")]
+        if saved:
+            rank_zero_warn(
+                f"{self.state_key} restored nothing: the checkpoint holds no state under its "
+                f"key, only {saved}. It starts with an empty window and no spikes, so the "
+                "first steps are not judged. Give it the settings of the run that saved it "
+                "(monitor, window, warmup, ratio, z_score, robust_z, mode: action and "
+                "verbose may change)",
+                category=UserWarning,
+            )
 
     def threshold(self, metric: str) -> float | None:
         """The value above which the next step of ``metric`` is a spike (None: too early)."""
@@ -337,6 +379,7 @@ class SpikeDetector(Watcher):
             "num_spikes": self.num_spikes,
             "recent": {m: list(v) for m, v in self._recent.items()},
             "seen": self._seen,
+            "action": self.action,  # not in the key: a resume from the file alone keeps it
         }
 
     @override

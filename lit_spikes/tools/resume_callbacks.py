@@ -34,6 +34,13 @@ ones, with this run's settings (``--checkpoint_every``), so none of them is miss
 _FROM_STATE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "BatchSkipper": lambda state: {"positions": [int(p) for p in state["skip"]]},
 }
+# Settings a key leaves out (they do not change what the callback judges) that its state
+# keeps, taken from it on top of the key's.
+_ALSO_FROM_STATE: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "SpikeDetector": lambda state: (
+        {"action": state["action"]} if state.get("action") in ("log", "stop") else {}
+    ),
+}
 # Settings a key leaves out that the state restores anyway: not worth a word.
 _STATE_HOLDS = {"SkipStep": {"initial"}, "BatchSkipper": {"ranges"}}
 
@@ -71,8 +78,9 @@ def parse_state_key(key: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def keys_of(callback: Any) -> set[str]:
-    """The key a callback takes its state from."""
-    return {str(callback.state_key)}
+    """The keys a callback takes its state from: its own, and the older spellings it
+    adopts (``SpikeDetector.older_state_keys``)."""
+    return {str(callback.state_key), *map(str, getattr(callback, "older_state_keys", ()))}
 
 
 def _plain(value: Any) -> Any:
@@ -97,6 +105,8 @@ def rebuild(key: str, state: Any) -> tuple[Any, dict[str, Any], list[str]] | Non
     from_state = _FROM_STATE.get(name)
     try:
         init_args = from_state(state) if from_state else {k: _plain(v) for k, v in settings.items()}
+        if name in _ALSO_FROM_STATE and isinstance(state, dict):
+            init_args |= _ALSO_FROM_STATE[name](state)
         callback = klass(**init_args)
     except (TypeError, ValueError, KeyError, AttributeError):
         return None  # a setting the constructor does not take, or refuses

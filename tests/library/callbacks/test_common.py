@@ -21,6 +21,7 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.callbacks.common import make_state_key
+from lit_spikes.tools.resume_callbacks import keys_of
 from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import fit, load_ckpt
 
@@ -148,4 +149,6 @@ def test_the_key_is_lightnings_form_of_the_same_settings(
     ],
 )
 def test_keys_of_older_checkpoints_are_unchanged(callback: Callback, key: str) -> None:
-    assert callback.state_key == key
+    """Each key is the callback's own, or (a detector's, from before the key left out
+    ``action``) one it adopts at a resume."""
+    assert key in keys_of(callback)

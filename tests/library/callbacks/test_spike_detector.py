@@ -76,6 +76,81 @@ def test_the_detector_state_round_trips_through_a_ckpt(tmp_path: Path) -> None:
     assert resumed.state_dict() == whole.state_dict()
 
 
+def _rule(**settings: Any) -> SpikeDetector:
+    return SpikeDetector(monitor="train_loss", window=5, warmup=5, ratio=3.0, **settings)
+
+
+def test_a_resume_may_change_what_the_detector_does_and_keeps_its_window(tmp_path: Path) -> None:
+    """The same rule resumed with another ``action`` or ``verbose`` restores the window:
+    the planted spike at step 9 is flagged after a resume at 6 (with 3 steps judged after
+    it, an empty window of warmup 5 would flag nothing)."""
+    data = lambda: StepLoader(planted(), BATCH, seed=7)  # noqa: E731
+    whole = _rule()
+    train(tmp_path / "w", LoggingRegressor(), data(), 12, [whole, ExactResume()])
+    first = _rule(action="stop")
+    train(tmp_path / "a", LoggingRegressor(), data(), 6, [first, ExactResume()])
+    assert first.state_key == whole.state_key and not first.spikes
+    resumed = _rule(verbose=True)
+    ckpt = tmp_path / "a" / "step=6.ckpt"
+    train(tmp_path / "b", LoggingRegressor(), data(), 12, [resumed, ExactResume()], ckpt)
+    assert [s["step"] for s in resumed.spikes] == [s["step"] for s in whole.spikes] == [SPIKE]
+    assert resumed.state_dict()["recent"] == whole.state_dict()["recent"]
+
+
+OTHER_KEY = "ignore:Be aware that when using `ckpt_path`.*SpikeDetector:UserWarning"
+"""Lightning's own warning for a key no callback of the resume has (this file's point)."""
+
+
+@pytest.mark.filterwarnings(OTHER_KEY)
+def test_a_file_of_the_older_key_with_action_is_restored(tmp_path: Path) -> None:
+    """Files written while the key held ``action`` resume as well: the state under
+    ``SpikeDetector{..., 'action': 'stop'}`` is taken, and the file alone rebuilds it."""
+    from lit_spikes.tools.resume_callbacks import rebuild
+
+    data = lambda: StepLoader(planted(), BATCH, seed=7)  # noqa: E731
+    first = _rule(action="stop")
+    train(tmp_path / "a", LoggingRegressor(), data(), 6, [first, ExactResume()])
+    ckpt = tmp_path / "a" / "step=6.ckpt"
+    checkpoint = torch.load(ckpt, weights_only=True)
+    old_key = first._generate_state_key(
+        monitor=("train_loss",),
+        window=5,
+        ratio=3.0,
+        z_score=None,
+        mode="any",
+        warmup=5,
+        action="stop",
+    )
+    assert old_key in first.older_state_keys and old_key != first.state_key
+    checkpoint["callbacks"][old_key] = checkpoint["callbacks"].pop(first.state_key)
+    torch.save(checkpoint, ckpt)
+    resumed = _rule()
+    train(tmp_path / "b", LoggingRegressor(), data(), 12, [resumed, ExactResume()], ckpt)
+    assert [s["step"] for s in resumed.spikes] == [SPIKE]
+    built = rebuild(old_key, checkpoint["callbacks"][old_key])
+    assert built is not None and built[0].action == "stop" and "action" not in built[2]
+
+
+@pytest.mark.filterwarnings(OTHER_KEY)
+def test_a_detector_whose_state_is_not_restored_is_named_in_a_warning(tmp_path: Path) -> None:
+    data = lambda: StepLoader(planted(), BATCH, seed=7)  # noqa: E731
+    train(tmp_path / "a", LoggingRegressor(), data(), 6, [_rule(), ExactResume()])
+    other = SpikeDetector(monitor="train_loss", window=4, warmup=4, ratio=3.0)
+    ckpt = tmp_path / "a" / "step=6.ckpt"
+    with pytest.warns(UserWarning, match=r"SpikeDetector\{.*'window': 4.*restored nothing"):
+        train(tmp_path / "b", LoggingRegressor(), data(), 8, [other, ExactResume()], ckpt)
+    assert other.state_dict()["seen"] == 2
+
+
+def test_the_action_rides_in_the_state_and_a_rebuild_from_the_file_keeps_it() -> None:
+    from lit_spikes.tools.resume_callbacks import rebuild
+
+    stop = _rule(action="stop")
+    built = rebuild(stop.state_key, stop.state_dict())
+    assert built is not None and built[0].action == "stop" and "action" not in built[2]
+    assert built[0].state_key == stop.state_key
+
+
 def test_the_detector_state_is_bounded_however_long_the_run() -> None:
     detector = SpikeDetector(window=20, warmup=5, ratio=1.4, max_records=50)
 
@@ -264,9 +339,16 @@ def test_spike_detector_state_round_trips_through_a_checkpoint(tmp_path: Path) -
     assert load_ckpt(ckpt)["callbacks"][saved.state_key] == saved.state_dict()
     restored = SpikeDetector(warmup=10, window=10, ratio=1.2)
     other = SpikeDetector(warmup=10, window=4, ratio=1.2)  # another instance, another key
-    fit(
-        tmp_path, "resumed", 30, ckpt_path=ckpt, callbacks=[restored, other], data=data, optim=optim
-    )
+    with pytest.warns(UserWarning, match=r"'window': 4.*restored nothing"):
+        fit(
+            tmp_path,
+            "resumed",
+            30,
+            ckpt_path=ckpt,
+            callbacks=[restored, other],
+            data=data,
+            optim=optim,
+        )
     assert restored.state_dict() == saved.state_dict()
     assert list(other.spikes) == []
 
@@ -280,11 +362,13 @@ def test_detector_state_key_follows_its_settings() -> None:
         z_score=detector.z_score,
         mode="any",
         warmup=detector.warmup,
-        action="log",
     )
     assert detector.state_key == expected == detector.state_key
-    detector.window, detector.action = 30, "stop"
-    assert "'window': 30" in detector.state_key and "'action': 'stop'" in detector.state_key
+    detector.window = 30
+    assert "'window': 30" in detector.state_key
+    before = detector.state_key
+    detector.action, detector.verbose = "stop", True  # what it does with a flag: not judging
+    assert detector.state_key == before and "action" not in before
 
 
 def flags(detector: SpikeDetector, values: list[float]) -> list[int]:
@@ -343,7 +427,7 @@ def test_a_threshold_given_keeps_its_rule_window_and_checkpoint_name() -> None:
         warmup=20,
         action="log",
     )
-    assert detector.state_key == old_key
+    assert old_key in detector.older_state_keys
     default = SpikeDetector()
     assert (default.robust_z, default.window, default.warmup) == (8.0, 100, 100)
     assert "robust_z" in default.state_key
