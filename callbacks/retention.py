@@ -89,12 +89,12 @@ class CheckpointRetention(Callback):
             return
         files = checkpoint_files(self.dirpath)
         resumed = Path(trainer.ckpt_path) if trainer.ckpt_path else None
-        module = trainer.lightning_module
-        # What TinyGPTModule has read back, without a host read each step: complete up to
-        # its newest checkpoint (a save reads back first), which is all the files need.
-        nonfinite = getattr(module, "nonfinite_steps_read", None)
-        if nonfinite is None:
-            nonfinite = getattr(module, "nonfinite_steps", [])
+        # The non-finite steps as read back by whatever drops their updates (a SkipStep,
+        # a module that does it itself), without a host read each step: complete up to
+        # the newest checkpoint (a save reads back first), which is all the files need.
+        nonfinite: list[int] = []
+        for owner in [trainer.lightning_module, *trainer_callbacks(trainer)]:
+            nonfinite += getattr(owner, "nonfinite_steps_read", None) or []
         first_nonfinite = min(nonfinite) if nonfinite else None
         kept = self.keep(files, trainer.global_step, resumed, first_nonfinite)
         for _, path in files:

@@ -24,6 +24,7 @@ from lit_spikes.callbacks.watch import (
     step_values,
 )
 from lit_spikes.callbacks.watch import _read as read_now
+from lit_spikes.checkpoints import record_nonfinite
 
 
 class SkipStep(Watcher):
@@ -128,6 +129,10 @@ class SkipStep(Watcher):
         self.strict = strict
         self.values: deque[float] = deque(values[-window:], maxlen=window)
         self.skipped_steps: deque[int] = deque(maxlen=self.max_records)
+        self.nonfinite_steps: deque[int] = deque(maxlen=self.max_records)
+        """The skipped steps whose value was NaN or inf (the last ``max_records``): each
+        checkpoint records them (``lit_spikes.checkpoints.NONFINITE_KEY``), and rollback
+        passes over the files written after one."""
         self._window: torch.Tensor | None = None
         self._seen = len(self.values)
         """Values judged (initial ones too)."""
@@ -185,6 +190,8 @@ class SkipStep(Watcher):
                 self.values.append(value)
             if skipped:
                 self.skipped_steps.append(step)
+                if not math.isfinite(value):
+                    self.nonfinite_steps.append(step)
                 for logger in trainer.loggers if trainer is not None else []:
                     logger.log_metrics({"skip_step/skipped": 1.0}, step=step)
 
@@ -283,6 +290,19 @@ class SkipStep(Watcher):
         self._remove_hooks()
         super().teardown(trainer, pl_module, stage)
 
+    @property
+    def nonfinite_steps_read(self) -> list[int]:
+        """``nonfinite_steps`` as read back so far (complete up to the newest checkpoint:
+        a save reads back first), without a host read: what ``CheckpointRetention`` needs."""
+        return list(self.nonfinite_steps)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._read_own()
+        record_nonfinite(checkpoint, self.nonfinite_steps)
+
     @override
     def state_dict(self) -> dict[str, Any]:
         self._read_own()  # a checkpoint holds every decision so far
@@ -290,6 +310,7 @@ class SkipStep(Watcher):
         return {
             "values": list(self.values),
             "skipped_steps": list(self.skipped_steps),
+            "nonfinite_steps": list(self.nonfinite_steps),
             "seen": self._seen,
             "monitor": self.monitor,
             "window": self.window,
@@ -303,6 +324,9 @@ class SkipStep(Watcher):
         self.values = deque((float(v) for v in state_dict["values"]), maxlen=self.window)
         self.skipped_steps = deque(
             (int(s) for s in state_dict["skipped_steps"]), maxlen=self.max_records
+        )
+        self.nonfinite_steps = deque(
+            (int(s) for s in state_dict.get("nonfinite_steps", ())), maxlen=self.max_records
         )
         self._seen = int(state_dict.get("seen", len(self.values)))
         self._window, self._pending = None, []

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,6 +24,22 @@ STEP_PATTERN = re.compile(r"step=(\d+)")
 VERSION_PATTERN = re.compile(r"-v(\d+)\.ckpt$")
 """ModelCheckpoint's suffix for a second file of one name (``step=20-v1.ckpt``)."""
 REQUIRED_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "loops")
+NONFINITE_KEY = "nonfinite_steps"
+"""A checkpoint's record of the steps whose update was dropped for a non-finite loss or
+gradient (``SkipStep`` writes it, as does any module that drops such updates itself):
+rollback passes over the files written after one."""
+
+
+def record_nonfinite(checkpoint: dict[str, Any], steps: Iterable[int]) -> None:
+    """Add ``steps`` to ``checkpoint``'s record of non-finite steps (``NONFINITE_KEY``),
+    kept sorted and unique: two writers (two ``SkipStep``s, a module of its own) merge."""
+    merged = {int(s) for s in checkpoint.get(NONFINITE_KEY) or ()} | {int(s) for s in steps}
+    checkpoint[NONFINITE_KEY] = sorted(merged)
+
+
+def nonfinite_steps_of(checkpoint: dict[str, Any]) -> list[int]:
+    """The steps ``checkpoint`` records as dropped for a non-finite value ([] for none)."""
+    return [int(s) for s in checkpoint.get(NONFINITE_KEY) or ()]
 
 
 class CheckpointError(ValueError):
@@ -419,7 +435,7 @@ def newest_valid_checkpoint(
                 raise CheckpointError(
                     path, f"its name says step {step} but it holds step {checkpoint['global_step']}"
                 )
-            nonfinite = checkpoint.get("lit_spikes", {}).get("nonfinite_steps", [])
+            nonfinite = nonfinite_steps_of(checkpoint)
             if nonfinite and refuse_nonfinite:
                 raise CheckpointError(
                     path, f"written after a non-finite loss or gradient at step(s) {nonfinite}"

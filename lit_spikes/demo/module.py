@@ -22,7 +22,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from typing_extensions import override
 
 from lit_spikes.callbacks.exact_resume import ExactResume
-from lit_spikes.checkpoints import CheckpointError
+from lit_spikes.checkpoints import CheckpointError, record_nonfinite
 from lit_spikes.demo.data import Batch, StepDataModule
 from lit_spikes.demo.model import GPTConfig, GPTOutput, build_model
 from lit_spikes.demo.schedule import WarmupCosine
@@ -491,6 +491,8 @@ class TinyGPTModule(pl.LightningModule):
             "model": asdict(self.model_config),
             "nonfinite_steps": list(self.nonfinite_steps),
         }
+        # The record every rollback reads, whoever dropped the update (SkipStep writes it too)
+        record_nonfinite(checkpoint, self.nonfinite_steps)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

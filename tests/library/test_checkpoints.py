@@ -31,6 +31,7 @@ from lit_spikes.checkpoints import (
     checkpoint_files,
     load_checkpoint,
     newest_valid_checkpoint,
+    record_nonfinite,
     remove_leftovers,
 )
 from lit_spikes.demo.module import TinyGPTModule
@@ -246,7 +247,8 @@ def test_latest_resume_takes_the_newest_file_after_a_skipped_non_finite_step(
     for step in (10, 15):  # as if step 7's update had been skipped for a NaN loss
         path = root / "checkpoints" / f"step={step}.ckpt"
         checkpoint = load_checkpoint(path)
-        checkpoint["lit_spikes"]["nonfinite_steps"] = [7]
+        checkpoint["lit_spikes"]["nonfinite_steps"] = [7]  # the module's own, for its resume
+        record_nonfinite(checkpoint, [7])  # the record rollbacks read
         atomic_torch_save(checkpoint, path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no file refused

@@ -26,6 +26,7 @@ from lit_spikes.callbacks import (
     SkipStep,
     SpikeDetector,
 )
+from lit_spikes.checkpoints import checkpoint_files
 from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import (
     REPO,
@@ -171,6 +172,41 @@ def test_a_nan_step_is_dropped_at_any_step(
     assert finite(module)
     if step == 0:  # no state before the first step, none after its dropped update
         assert trainer.states.after[0]["state"] == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+def test_a_users_nan_step_skip_step_dropped_is_never_a_rollback_target(tmp_path: Path) -> None:
+    """A module of the user's, SkipStep dropping its NaN at step 7, a ModelCheckpoint every
+    2 steps and a CheckpointRetention: the files written after the NaN (8, 10, ...) record
+    it and are passed over by every rollback; the one before it (6) is kept and chosen."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_spikes.callbacks import CheckpointRetention
+    from lit_spikes.checkpoints import newest_valid_checkpoint, nonfinite_steps_of
+
+    directory = tmp_path / "ckpts"
+    skip = SkipStep(window=8, warmup=4)
+    retention = CheckpointRetention(directory, keep_last=2, rollback_distance=4)
+    saver = ModelCheckpoint(directory, filename="{step}", every_n_train_steps=2, save_top_k=-1)
+    trainer = pl.Trainer(
+        max_steps=20,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[saver, skip, retention],
+    )
+    trainer.fit(WatchedRegressor("adamw", poison={7: math.nan}), train_dataloaders=regressor_data())
+    assert list(skip.nonfinite_steps) == [7] == list(skip.skipped_steps)
+    # 6: the newest before the NaN; 16: within 4 steps of the last trained
+    assert [s for s, _ in checkpoint_files(directory)] == [6, 16, 18, 20]
+    assert nonfinite_steps_of(load_ckpt(directory / "step=20.ckpt")) == [7]
+    assert nonfinite_steps_of(load_ckpt(directory / "step=6.ckpt")) == []
+    with pytest.warns(UserWarning, match=r"non-finite loss or gradient at step\(s\) \[7\]"):
+        assert newest_valid_checkpoint(directory)[0] == 6
+    with pytest.warns(UserWarning, match=r"non-finite loss or gradient at step\(s\) \[7\]"):
+        assert RollbackRestore(directory, spike_step=19).ckpt_step == 6
+    assert newest_valid_checkpoint(directory, refuse_nonfinite=False)[0] == 20  # a requeue's
 
 
 def test_an_inf_loss_is_dropped_too() -> None:
