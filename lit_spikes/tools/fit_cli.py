@@ -41,6 +41,7 @@ from lit_spikes.checkpoints import (
     load_checkpoint,
     newest_valid_checkpoint,
 )
+from lit_spikes.tools import run_record
 from lit_spikes.tools.cli_parsing import (
     DATA_KEYS,
     MODEL_KEYS,
@@ -82,6 +83,7 @@ from lit_spikes.tools.fit_plan import (
     run_length,
 )
 from lit_spikes.tools.resume_callbacks import entries_to_resume, keys_of
+from lit_spikes.tools.run_record import RECORD_NAME, RecordError, announce, record_path
 from lit_spikes.tools.tb import RunLogger
 from lit_spikes.tools.training import (
     CHECKPOINT_DIRNAME,
@@ -293,8 +295,10 @@ class LitSpikesCLI(LightningCLI):
         if not path:
             restart = fitting and self._check_history(root, None, None, asked == "last")
             if fitting and asked == "last":  # a user's run killed before its first checkpoint
+                self._check_record(root / RECORD_NAME)
                 self._from_record("fit", root, None)
             return ResumePlan(restart=restart)
+        self._check_record(record_path(Path(path)))
         try:  # validate and test need only the weights
             checkpoint = load_checkpoint(path, weights_enough=not fitting)
         except CheckpointError as error:
@@ -308,6 +312,20 @@ class LitSpikesCLI(LightningCLI):
         callbacks, record = entries_to_resume(Path(path), checkpoint)
         self._resume_with_checkpoint_settings(path, checkpoint, callbacks)
         return ResumePlan(path, step, checkpoint, record, callbacks)
+
+    def _check_record(self, record: Path) -> None:
+        """The run's ``config.yaml`` (a file the command line did not name), checked before
+        anything of it is used: a class path in it that is not what its entry takes is a
+        usage error naming the entry and the file, before any is called; the one it reads
+        is said in a line."""
+        if not record.is_file():
+            return
+        try:
+            run_record.read_record(record)
+        except RecordError as error:
+            self.parser.error(str(error))
+        if launched_rank() == 0:
+            announce(record)
 
     def _check_history(
         self, root: Path, path: str | None, step: int | None, restart: bool = False

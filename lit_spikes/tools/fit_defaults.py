@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonargparse import ArgumentParser
 
+from lit_spikes.tools import run_record
 from lit_spikes.tools.defaults import DEMO_MODEL
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
@@ -46,7 +46,7 @@ RECORDED_TRAINER = (
 and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli`` takes
 them from the same file) nor the clipping (from the checkpoint)."""
 
-RECORD_NAME = "config.yaml"
+RECORD_NAME = run_record.RECORD_NAME
 
 
 def add_fit_options(parser: ArgumentParser) -> None:
@@ -149,7 +149,7 @@ def training_callbacks(config: Any, added: list[Any], configured: list[Any]) -> 
 
 def record_path(ckpt_path: Path) -> Path:
     """The run's record of a ``<run>/checkpoints/step=<k>.ckpt``: ``<run>/config.yaml``."""
-    return ckpt_path.resolve().parent.parent / RECORD_NAME
+    return run_record.record_path(ckpt_path)
 
 
 def user_run_config(record: Mapping[str, Any], own_model_path: str = DEMO_MODEL) -> dict[str, Any]:
@@ -192,12 +192,13 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
-    """The ``config.yaml`` of the run in ``run_dir``, parsed ({} if none)."""
-    try:
-        loaded = yaml.safe_load((run_dir / RECORD_NAME).read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+    """The ``config.yaml`` of the run in ``run_dir``, parsed and its class paths checked
+    ({} if none).
+
+    Raises:
+        RecordError: a class path in it that is not what its entry takes (``run_record``).
+    """
+    return run_record.read_record(run_dir / RECORD_NAME)
 
 
 def _class_path(section: Any) -> str:

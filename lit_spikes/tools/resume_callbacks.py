@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lit_spikes.tools.run_record import read_record, record_path
 
 CALLBACKS_MODULE = "lit_spikes.callbacks"
 
@@ -136,13 +136,13 @@ def run_config_callbacks(ckpt_path: Path, checkpoint: dict[str, Any]) -> list[di
     ``ckpt_path``'s run (``<run>/checkpoints/<file>``): it has every setting, also of the
     callbacks that keep no state (``CheckpointRetention``), which the checkpoint's record
     lacks. A stateful one that left no state in this checkpoint is dropped: that
-    config.yaml is another run's (the file was copied into its directory)."""
-    run_config = ckpt_path.resolve().parent.parent / "config.yaml"
-    try:
-        loaded = yaml.safe_load(run_config.read_text())
-    except (OSError, yaml.YAMLError):
-        return []
-    trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+    config.yaml is another run's (the file was copied into its directory).
+
+    Raises:
+        RecordError: a class path in that config.yaml that is not what its entry takes.
+    """
+    loaded = read_record(record_path(ckpt_path))  # its class paths checked: RecordError
+    trainer = loaded.get("trainer")
     entries = trainer.get("callbacks") if isinstance(trainer, dict) else None
     if isinstance(entries, dict):
         entries = [entries]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import yaml
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from lit_spikes.callbacks import (
@@ -37,6 +36,7 @@ from lit_spikes.tools.defaults import (
 )
 from lit_spikes.tools.factories import ClassPath, Instantiate, factory_of
 from lit_spikes.tools.resume_callbacks import callbacks_to_resume
+from lit_spikes.tools.run_record import read_record, record_path
 
 NOT_REPLAYED = (
     SpikeDetector,  # the replays are judged offline (replay.Judge); a stop would end one
@@ -66,12 +66,12 @@ CallbacksSource = Sequence[Callback] | Callable[[], Sequence[Callback]]
 def run_config(ckpt_path: Path) -> dict[str, Any]:
     """The ``config.yaml`` that ``lit-spikes fit`` saved in the checkpoint's run directory
     (``<run>/checkpoints/<file>``); ``{}`` where there is none (a file copied away, a run
-    of another script)."""
-    try:
-        loaded = yaml.safe_load((ckpt_path.resolve().parent.parent / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+    of another script).
+
+    Raises:
+        RecordError: a class path in it that is not what its entry takes (``run_record``).
+    """
+    return read_record(record_path(ckpt_path))  # its class paths checked: RecordError
 
 
 def module_from_checkpoint(checkpoint: dict[str, Any]) -> TinyGPTModule:
