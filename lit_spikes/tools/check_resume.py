@@ -4,13 +4,17 @@ breaks it.
     lit-spikes check-resume --model CLASS_PATH [--data CLASS_PATH] --steps N --resume_at K
         [--model.ARG ...] [--data.ARG ...] [--trainer.ARG ...] [--config FILE]
         [--seed S] [--new_process true] [--ignore_attributes '[NAME, ...]']
+        [--exact_resume false] [--num_threads N]
 
 trains the module uninterrupted to step N and again interrupted at step K (a real .ckpt
 written by ModelCheckpoint, resumed in a fresh Trainer) and prints a table of components,
 same or differs, the first divergence and the likely fix. Exit status: 0 when the resume
 is exact, 1 when it is not, 2 on a usage error. Class paths, ``--config`` and
 ``--trainer.*`` read as ``lit-spikes fit`` reads them (jsonargparse);
-``--trainer.callbacks+=lit_spikes.callbacks.ExactResume`` adds a callback to every run.
+``--trainer.callbacks+=lit_spikes.callbacks.ExactResume`` adds a callback to every run. The
+module is set up as ``lit-spikes fit`` sets it up, so that the verdict is fit's: an
+``ExactResume`` added where fit adds one (``--exact_resume``), one torch thread
+(``--num_threads``), seed 0; both are said in a line.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from jsonargparse import ArgumentParser
 from lit_spikes.tools.command_line import command_parser
 from lit_spikes.tools.factories import Instantiate as Instantiate  # (recover imports it from here)
 from lit_spikes.tools.factories import instantiate
+from lit_spikes.tools.fit_defaults import adds_exact_resume
 
 PROG = "lit-spikes check-resume"
+EXACT_RESUME = "lit_spikes.callbacks.ExactResume"
 CHECKER_SETS = ("max_steps", "default_root_dir", "enable_checkpointing")
 """Trainer arguments the check sets itself (``--steps``; its directories and checkpoint)."""
 TRAINER_DEFAULTS = {
@@ -60,6 +66,12 @@ class CheckResumeConfig:
     ignore_attributes: list[str] = field(default_factory=list)
     """Plain attributes of the module or of callbacks that are no training state (a log of
     losses, say): not compared."""
+    exact_resume: bool = True
+    """Add an ExactResume unless the module or --trainer.callbacks has one, as ``lit-spikes
+    fit`` does (false: check the module as a plain Trainer runs it)."""
+    num_threads: int = 1
+    """torch threads for the check's runs: 1, as ``lit-spikes fit`` runs a user's module
+    (a step's float sums, and so its bits, may depend on the count)."""
 
 
 def build_parser() -> ArgumentParser:
@@ -91,8 +103,11 @@ def _plan_arguments(parser: ArgumentParser, config: Any) -> dict[str, Any]:
     built = instantiate(parser, config)
     trainer = dict(built.trainer.as_dict() if hasattr(built.trainer, "as_dict") else built.trainer)
     callbacks = config.trainer.get("callbacks") or []
-    trainer.pop("callbacks", None)
+    configured = trainer.pop("callbacks", None) or []
     specs = [c.as_dict() if hasattr(c, "as_dict") else c for c in callbacks]
+    plain = {"exact_resume": config.exact_resume, "model": config.model.as_dict()}
+    if adds_exact_resume(plain, configured if isinstance(configured, list) else [configured]):
+        specs.append({"class_path": EXACT_RESUME})  # as lit-spikes fit adds it
     data = config.get("data")
     return {
         "model": Instantiate(pl.LightningModule, config.model.as_dict()),
@@ -120,6 +135,8 @@ def main(argv: list[str]) -> int:
         config = parser.parse_args(argv)
     except SystemExit as done:  # jsonargparse printed the usage error (or --help)
         return done.code if isinstance(done.code, int) else 2
+    import torch
+
     from lit_spikes.testing import check_resume, format_report
     from lit_spikes.testing.check import CheckInputError
 
@@ -127,6 +144,22 @@ def main(argv: list[str]) -> int:
         arguments = _plan_arguments(parser, config)
     except Exception as error:  # a constructor refused its arguments: bad input
         return _usage_error(f"{type(error).__name__}: {error}")
+    if config.num_threads < 1:
+        return _usage_error(f"--num_threads={config.num_threads} must be >= 1")
+    torch.set_num_threads(config.num_threads)
+    added = any(
+        spec.get("class_path") == EXACT_RESUME
+        for spec in getattr(arguments["callbacks"], "spec", None) or []
+    )
+    print(
+        f"{PROG}: {config.num_threads} torch thread(s) (--num_threads); "
+        + (
+            "ExactResume added, as lit-spikes fit adds it (--exact_resume false: none)"
+            if added
+            else "no ExactResume added"
+        ),
+        file=sys.stderr,
+    )
     try:
         report = check_resume(**arguments)
     except CheckInputError as error:

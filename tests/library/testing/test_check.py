@@ -499,3 +499,33 @@ def test_check_resume_passes_a_validation_that_draws_at_the_resume_step() -> Non
         trainer_kwargs={"val_check_interval": 5, "check_val_every_n_epoch": None},
         ignore_attributes=("losses",),
     )
+
+
+def test_the_command_sets_a_module_up_as_fit_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's module with dropout and no ExactResume of its own: ``lit-spikes fit`` adds
+    one and resumes it exactly (tools/test_fit_own_module.py), so the check passes it too,
+    on one thread, saying both; ``--exact_resume false`` checks it as a plain Trainer runs
+    it, and its dropout then draws otherwise after the resume."""
+    from tests.modules.fit_modules import DropoutNet as FitNet  # fit's own test module
+
+    argv = _cli("--model", f"{FitNet.__module__}.DropoutNet", "--data", f"{__name__}.StepData")
+    before = torch.get_num_threads()
+    try:
+        _check_as_fit(argv, capsys)
+    finally:
+        torch.set_num_threads(before)  # the command sets the process's threads
+
+
+def _check_as_fit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    torch.set_num_threads(2)
+    assert check_resume_main(argv) == 0, capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "the resume is exact" in captured.out
+    assert "1 torch thread(s) (--num_threads); ExactResume added" in captured.err
+    assert torch.get_num_threads() == 1
+    assert check_resume_main([*argv, "--exact_resume", "false", "--num_threads", "2"]) == 1
+    captured = capsys.readouterr()
+    assert "2 torch thread(s) (--num_threads); no ExactResume added" in captured.err
+    assert "first divergence" in captured.out
+    assert check_resume_main([*argv, "--num_threads", "0"]) == 2
+    assert "--num_threads=0 must be >= 1" in capsys.readouterr().err
