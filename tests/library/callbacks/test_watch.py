@@ -6,6 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
 from lit_spikes.callbacks import (
     BatchSkipper,
     SkipStep,
@@ -17,10 +20,18 @@ from tests.conftest import fit, load_ckpt
 
 def test_callbacks_that_judge_or_skip_differently_can_share_a_trainer(tmp_path: Path) -> None:
     """Each instance's state has its own key: two that differ in any setting that changes
-    what they do (here: only in action, start step, or the positions beyond the first and
-    the count) were once refused by Lightning as duplicates."""
+    what they judge or skip (here: only in window, start step, or the positions beyond the
+    first and the count) were once refused by Lightning as duplicates. Two detectors of
+    one rule differing only in what they do with a flag judge alike: one key, which a
+    resume with another action finds (docs/detector.md), and Lightning refuses the pair."""
+    same_rule = (SpikeDetector(action="log"), SpikeDetector(action="stop", verbose=True))
+    assert same_rule[0].state_key == same_rule[1].state_key
+    with pytest.raises(
+        MisconfigurationException, match=r"more than one stateful callback of type `SpikeDe"
+    ):
+        fit(tmp_path, "same", 2, callbacks=list(same_rule))
     pairs = [
-        (SpikeDetector(action="log"), SpikeDetector(action="stop", min_step=100)),
+        (SpikeDetector(window=20, action="log"), SpikeDetector(window=30, action="stop")),
         (SpikeDetector(mode="any", z_score=3.0), SpikeDetector(mode="all", z_score=3.0)),
         (SkipStep(start_step=0), SkipStep(start_step=50)),
         (BatchSkipper(positions=[10, 11, 12]), BatchSkipper(positions=[10, 20, 30])),
