@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lit_spikes.callbacks import (
     BatchSkipper,
