@@ -15,7 +15,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from lit_spikes.tools.commands import DESCRIPTION
+from lit_spikes.tools.commands import COMMANDS, DESCRIPTION, NAMES, TOP_USAGE
 
 if TYPE_CHECKING:
     from lit_spikes.tools.diagnose import Verdict
@@ -36,16 +36,7 @@ __all__ = [
     "main",
 ]
 
-COMMANDS = {
-    "recover": "lit_spikes.tools.recover",
-    "diagnose": "lit_spikes.tools.diagnose",
-    "check-resume": "lit_spikes.tools.check_resume",
-    "study": "lit_spikes.demo.study.cli",
-}
-"""Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
-
-NAMES = ("fit", "validate", *COMMANDS)
-USAGE = f"usage: lit-spikes {{{','.join(NAMES)}}} ..."
+USAGE = f"usage: {TOP_USAGE}"
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,18 @@
-"""The ``lit-spikes`` top-level description: light (no torch, no Lightning), so that
-the console script's help answers at once and the fit CLI can show it without
+"""The ``lit-spikes`` commands and top-level description: light (no torch, no Lightning),
+so that the console script's help answers at once and the fit CLI can show them without
 importing the dispatcher."""
+
+COMMANDS = {
+    "recover": "lit_spikes.tools.recover",
+    "diagnose": "lit_spikes.tools.diagnose",
+    "check-resume": "lit_spikes.tools.check_resume",
+    "study": "lit_spikes.demo.study.cli",
+}
+"""Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
+
+NAMES = ("fit", "validate", *COMMANDS)
+TOP_USAGE = f"lit-spikes {{{','.join(NAMES)}}} ..."
+"""The usage line of every command (LightningCLI's own would name only fit and validate)."""
 
 DESCRIPTION = """lit-spikes: train a Lightning module that resumes bit-exactly and survives loss
 spikes (a tiny GPT by default).

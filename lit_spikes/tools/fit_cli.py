@@ -55,7 +55,7 @@ from lit_spikes.tools.cli_parsing import (
     set_merged_defaults,
     yaml_nonfinite,
 )
-from lit_spikes.tools.commands import DESCRIPTION
+from lit_spikes.tools.commands import DESCRIPTION, TOP_USAGE
 from lit_spikes.tools.defaults import (
     DEMO_DATA,
     DEMO_MODEL,
@@ -553,6 +553,9 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={
             "prog": "lit-spikes",
+            # Options before a command (-c CONFIG) reach LightningCLI's own parser, whose
+            # usage line would name fit and validate alone.
+            "usage": TOP_USAGE.replace("{", "[-c CONFIG] {", 1),
             "description": DESCRIPTION,
             "formatter_class": HelpFormatter,
         }
