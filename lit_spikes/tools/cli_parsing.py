@@ -23,6 +23,8 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
+from lit_spikes.tools.commands import TOP_USAGE
+
 _OWN_HELP = {
     "trainer.max_steps": "Stop after this many steps. -1 (the default here): where the LR "
     "schedule ends (--model.optim.max_steps, 400 by default); fewer stops early on the same "
@@ -100,6 +102,15 @@ class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
 class LitSpikesParser(LightningArgumentParser):
     """LightningArgumentParser whose errors end with the closest option to one it does
     not know (a typo's fix)."""
+
+    @override
+    def format_usage(self) -> str:
+        # Options before a command (-c CONFIG) reach LightningCLI's own parser, whose usage
+        # line names fit and validate alone; a command's parser ("lit-spikes fit") keeps its
+        # own. (Not argparse's usage= argument: the commands' names are derived from it.)
+        if self.prog == "lit-spikes":
+            return "usage: " + TOP_USAGE.replace("{", "[-c CONFIG] {", 1) + "\n"
+        return super().format_usage()
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:

@@ -55,7 +55,7 @@ from lit_spikes.tools.cli_parsing import (
     set_merged_defaults,
     yaml_nonfinite,
 )
-from lit_spikes.tools.commands import DESCRIPTION, TOP_USAGE
+from lit_spikes.tools.commands import DESCRIPTION
 from lit_spikes.tools.defaults import (
     DEMO_DATA,
     DEMO_MODEL,
@@ -68,6 +68,8 @@ from lit_spikes.tools.defaults import (
 from lit_spikes.tools.fit_defaults import (
     add_fit_options,
     add_seed_option,
+    data_given,
+    data_problem,
     foreign_checkpoint,
     read_record,
     resolve_module_defaults,
@@ -113,6 +115,7 @@ class LitSpikesCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.plan = ResumePlan()  # a new run, until --ckpt_path says otherwise
+        self._data_recorded = False  # the run's record named the data
         self.command_line: Any = None  # parsed again, on a checkpoint's settings
         super().__init__(*args, **kwargs)
 
@@ -268,6 +271,26 @@ class LitSpikesCLI(LightningCLI):
         problem = resolve_module_defaults(config, fitting=subcommand == "fit")
         if problem is not None:
             self.parser.error(problem)
+        self._no_demo_data_for_a_users_module(config, subcommand or "fit")
+
+    def _no_demo_data_for_a_users_module(self, config: Any, subcommand: str) -> None:
+        """A module of the user's with no ``--data`` (none on the command line, in a
+        ``--config`` or the run's record) got the demo's text as its default data, and
+        crashed in its own ``training_step``: its own dataloaders instead, or a usage
+        error before anything is written."""
+        data = config["data"]
+        if (
+            is_own(config["model"], TinyGPTModule)
+            or self._data_recorded
+            or data is None
+            or data.get("class_path") != DEMO_DATA
+            or data_given(self.command_line, config.get("config") or [], subcommand)
+        ):
+            return
+        problem = data_problem(config["model"]["class_path"], subcommand)
+        if problem is not None:
+            self.parser.error(problem)
+        config["data"] = None  # the module's own dataloaders, as --data null
 
     def _plan_resume(self) -> ResumePlan:
         """The run's ``--ckpt_path`` resolved and its file loaded, the command line parsed
@@ -463,6 +486,7 @@ class LitSpikesCLI(LightningCLI):
     def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
         """A user's run's config.yaml as the defaults, the command line parsed on them."""
         if record := user_run_config(read_record(run_dir)):
+            self._data_recorded = "data" in record
             self._subcommand_parser(subcommand).set_defaults(record)
             self.config = self.parser.parse_args(self.command_line)
             self.config[subcommand]["ckpt_path"] = path
@@ -553,9 +577,6 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> LitSpikesCLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={
             "prog": "lit-spikes",
-            # Options before a command (-c CONFIG) reach LightningCLI's own parser, whose
-            # usage line would name fit and validate alone.
-            "usage": TOP_USAGE.replace("{", "[-c CONFIG] {", 1),
             "description": DESCRIPTION,
             "formatter_class": HelpFormatter,
         }

@@ -6,14 +6,16 @@ The decisions are pure functions of the parsed values; ``fit_cli`` applies them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentParser
 
 from lit_spikes.tools import run_record
-from lit_spikes.tools.defaults import DEMO_MODEL
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
 NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
@@ -105,6 +107,48 @@ def length_problem(model_path: str, trainer: Mapping[str, Any]) -> str | None:
             "(or --trainer.max_epochs, --trainer.max_time); nothing was written"
         )
     return None
+
+
+def data_given(command_line: Any, config_files: list[Any], subcommand: str) -> bool:
+    """Whether the command line (a list of arguments, or a mapping given in-process) or
+    one of its ``--config`` files names the data (``--data ...``, a ``data:`` key)."""
+    if isinstance(command_line, Mapping):
+        nested = [v for v in command_line.values() if isinstance(v, Mapping)]
+        return "data" in command_line or any("data" in v for v in nested)
+    tokens = [str(token) for token in command_line or []]
+    if any(t == "--data" or t.startswith(("--data.", "--data=")) for t in tokens):
+        return True
+    for path in config_files:
+        try:
+            loaded = yaml.safe_load(Path(str(path)).read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            continue  # the parse read it: a config given as a string, say
+        if isinstance(loaded, Mapping) and (
+            "data" in loaded or "data" in (loaded.get(subcommand) or {})
+        ):
+            return True
+    return False
+
+
+def data_problem(model_path: str, subcommand: str) -> str | None:
+    """Why a module of the user's given no ``--data`` cannot run ``subcommand`` (None: it
+    brings its own ``train_dataloader``, or ``val_dataloader`` to validate): the project's
+    text is the default data of its own module alone."""
+    import lightning.pytorch as pl
+
+    hook = "train_dataloader" if subcommand == "fit" else "val_dataloader"
+    module, _, name = model_path.rpartition(".")
+    try:
+        klass = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # the parse reports it
+    if getattr(klass, hook, None) is not getattr(pl.LightningModule, hook):
+        return None
+    return (
+        f"--model {model_path} has no {hook} and no --data was given: give --data "
+        f"CLASS_PATH (your LightningDataModule; {DEMO_DATA} for the project's text, "
+        "explicitly); nothing was written"
+    )
 
 
 def resolve_module_defaults(config: Any, fitting: bool) -> str | None:

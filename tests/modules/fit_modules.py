@@ -53,3 +53,10 @@ class StepData(pl.LightningDataModule):
 
     def train_dataloader(self) -> StepLoader:
         return StepLoader(rows(), self.batch_size, seed=self.seed)
+
+
+class SelfFedNet(DropoutNet):
+    """The same net bringing its own ``train_dataloader`` (no DataModule needed)."""
+
+    def train_dataloader(self) -> StepLoader:
+        return StepLoader(rows(), 8, seed=5)

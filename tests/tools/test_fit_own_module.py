@@ -226,3 +226,44 @@ def test_fit_shows_lr_and_grad_norm_for_a_users_module(uninterrupted: Path) -> N
     for tag in ("lr", "grad_norm"):
         assert scalars.get(tag), f"no {tag!r} curve in {sorted(scalars)}"
         assert all(math.isfinite(value) and value > 0 for _, value in scalars[tag]), tag
+
+
+def test_a_users_module_given_no_data_is_refused_before_any_file(tmp_path: Path) -> None:
+    """``--model`` of the user's without ``--data`` trained on the project's text and
+    crashed in the module's ``training_step`` ("too many values to unpack"), its files
+    written. In a new process, as a user types it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "lit_spikes.tools.cli", "fit", "--model", NET,
+         "--trainer.max_steps", "3", "--trainer.default_root_dir", str(root)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--model {NET} has no train_dataloader and no --data was given" in done.stderr
+    assert "too many values" not in done.stderr and not root.exists()
+
+
+def test_a_users_module_with_its_own_loader_needs_no_data(tmp_path: Path) -> None:
+    """Its own ``train_dataloader`` (``--data null`` is not needed), recorded as such: the
+    requeue with ``--ckpt_path`` alone trains on it too."""
+    own = "tests.modules.fit_modules.SelfFedNet"
+    run = [*QUIET, "--model", own, "--trainer.max_steps", "6", "--checkpoint_every", "3"]
+    whole = main(["fit", *run, "--trainer.default_root_dir", str(tmp_path / "whole")])
+    assert whole is not None and whole.datamodule is None and whole.trainer.global_step == 6
+    main(["fit", *run, "--trainer.max_steps", "3", "--trainer.default_root_dir",
+          str(tmp_path / "cut")])  # fmt: skip
+    ckpt = tmp_path / "cut" / "checkpoints" / "step=3.ckpt"
+    resumed = main(["fit", *QUIET, "--trainer.max_steps", "6", "--ckpt_path", str(ckpt),
+                    "--trainer.default_root_dir", str(tmp_path / "resumed")])  # fmt: skip
+    assert resumed is not None and resumed.datamodule is None
+    whole_file = load_ckpt(tmp_path / "whole" / "checkpoints" / "step=6.ckpt")
+    assert_tensors_equal(whole_file["state_dict"], final_file(tmp_path / "resumed"))
+
+
+def final_file(root: Path) -> Any:
+    return load_ckpt(root / "checkpoints" / "step=6.ckpt")["state_dict"]
