@@ -39,20 +39,35 @@ def record_path(ckpt_path: str | Path) -> Path:
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """The record at ``path``, parsed and checked ({} where there is none, or it is not a
-    YAML mapping: nothing to take from it).
+    """The record at ``path``, parsed and checked ({} where there is none).
 
     Raises:
-        RecordError: a class path in it that is not what its entry takes.
+        RecordError: a file there that does not parse or holds no mapping (a hand edit, a
+            write cut short), or a class path in it that is not what its entry takes.
     """
     try:
-        loaded = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        text = path.read_text()
+    except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as error:
+        raise _unreadable(path, f"cannot be read ({error})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        one_line = " ".join(str(error).split())
+        raise _unreadable(path, f"does not parse as YAML ({one_line})") from None
     if not isinstance(loaded, dict):
-        return {}
+        raise _unreadable(path, f"holds a {type(loaded).__name__}, not a mapping of settings")
     check_record(loaded, path)
     return loaded
+
+
+def _unreadable(path: Path, why: str) -> RecordError:
+    return RecordError(
+        f"{path}, the run's record that lit-spikes takes the run's settings from, {why}: "
+        "mend it (lit-spikes fit wrote it), or move it away and give the run's settings "
+        "on the command line; nothing was run or written"
+    )
 
 
 def announce(path: Path) -> None:

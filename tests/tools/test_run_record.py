@@ -164,3 +164,29 @@ def test_the_resume_says_which_file_it_read_its_settings_from(
     assert cli is not None and cli.trainer.global_step == STEPS
     err = capsys.readouterr().err
     assert f"lit-spikes: the run's settings from {theirs / 'config.yaml'}" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("trainer: {max_steps: 8\n", "does not parse as YAML"), ("- 1\n- 2\n", "holds a list")],
+    ids=["truncated", "a-list"],
+)
+def test_a_record_that_does_not_parse_is_named_not_taken_for_missing(
+    their_run: Path, tmp_path: Path, text: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-edited config.yaml that does not parse was reported as 'no config.yaml of its
+    run is at <path>': the file is there."""
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    shutil.copytree(their_run, theirs)
+    (theirs / "config.yaml").write_text(text)
+    ckpt = theirs / "checkpoints" / f"step={SAVED}.ckpt"
+    for argv in (
+        ["fit", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(mine), *QUIET],
+        ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", str(SAVED + 1)],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_info.value.code == 2 and f"{theirs / 'config.yaml'}, the run's record" in err
+        assert why in err and "no config.yaml" not in err and not mine.exists(), argv[0]
