@@ -16,11 +16,9 @@ applies only when the model or the data is the project's own.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from lit_spikes.callbacks.batch_skipper import BatchSkipper
 from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 from lit_spikes.callbacks.run_lock import RunDirectoryBusy, RunDirectoryLock
@@ -72,12 +69,15 @@ from lit_spikes.tools.fit_defaults import (
     data_problem,
     foreign_checkpoint,
     read_record,
+    recorded_run_config,
     resolve_module_defaults,
     training_callbacks,
-    user_run_config,
 )
+from lit_spikes.tools.fit_own_data import check_skip_at_resume, epochs_of_the_stream
 from lit_spikes.tools.fit_plan import (
     ResumePlan,
+    already_finished,
+    callbacks_once,
     ckpt_keyword_problem,
     config_problem,
     history_problem,
@@ -163,6 +163,8 @@ class LitSpikesCLI(LightningCLI):
     @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and self.plan.step == run_length(config):
+            already_finished(config, self.plan.step)  # a requeue: exit 0 (elsewhere: refused)
         problem = config_problem(config, self.subcommand, self.plan.step)
         if problem is not None:
             self.parser.error(problem)
@@ -187,11 +189,13 @@ class LitSpikesCLI(LightningCLI):
                     self.trainer.accumulate_grad_batches,
                     getattr(self.trainer, "overfit_batches", 0),
                 )
-            self._check_skip_at_resume()
+            if self.subcommand == "fit":
+                check_skip_at_resume(self.plan.checkpoint, self.datamodule, self.trainer)
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {first_cause(error)}")
         self._check_recorded_callbacks()
-        self._epochs_of_the_stream()
+        if self.subcommand == "fit":
+            epochs_of_the_stream(self.config["fit"], self.datamodule, self.trainer)
         if isinstance(self.model, TinyGPTModule) and self.model.example_input_array is None:
             # Lightning's model summary counts FLOPs on an example input: without one its
             # table said FLOPs 0. (A forward in eval mode, no grad: no RNG, no state.)
@@ -203,6 +207,20 @@ class LitSpikesCLI(LightningCLI):
                 claim_run_directory(callback, self.trainer)
                 if self.plan.restart and launched_rank() == 0:
                     self._start_anew(callback.directory)
+
+    @override
+    def after_instantiate_classes(self) -> None:
+        # A requeue into the run's own directory rewrites its record as it was: the run
+        # continues the recorded one, so the record keeps that run's ckpt_path (null for
+        # a run started afresh), not the file this requeue happened to resume.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        path, root = config.get("ckpt_path"), Path(config["trainer"]["default_root_dir"])
+        if (
+            self.subcommand == "fit"
+            and path
+            and record_path(Path(path)) == root.resolve() / RECORD_NAME
+        ):
+            config["ckpt_path"] = run_record.read_record(root / RECORD_NAME).get("ckpt_path")
 
     def _start_anew(self, root: Path) -> None:
         """``--ckpt_path last`` in a directory whose run wrote no checkpoint: that run's
@@ -216,49 +234,6 @@ class LitSpikesCLI(LightningCLI):
             "starting it anew from step 0",
             file=sys.stderr,
         )
-
-    def _check_skip_at_resume(self) -> None:
-        """A skip position the checkpoint's run already passed is refused by the data
-        module's ``load_state_dict``, but only once the fit restores it, after config.yaml
-        and the events were written: the same check now (``ValueError``)."""
-        checkpoint = self.plan.checkpoint
-        state = None if checkpoint is None else checkpoint.get(StepDataModule.__qualname__)
-        if self.subcommand != "fit" or not state or not isinstance(self.datamodule, StepDataModule):
-            return
-        probe = StepDataModule(self.datamodule.config)
-        for callback in getattr(
-            self.trainer, "callbacks", []
-        ):  # a BatchSkipper adds its positions in setup
-            if isinstance(callback, BatchSkipper):
-                probe.add_skip(callback.skip)
-        with warnings.catch_warnings():  # its seed and config warnings come at the real load
-            warnings.simplefilter("ignore")
-            probe.load_state_dict(state)
-
-    def _epochs_of_the_stream(self) -> None:
-        """``--trainer.max_epochs`` honoured as Lightning does (the run ends at the first of
-        max_steps and max_epochs): the step stream is endless, so an epoch here is as many
-        steps as it takes to draw the training text's number of tokens, unless an int
-        ``--trainer.limit_train_batches`` sets its length."""
-        if self.subcommand != "fit" or not isinstance(self.datamodule, StepDataModule):
-            return
-        epochs = self.config[self.subcommand]["trainer"].get("max_epochs")
-        trainer = self.trainer
-        if epochs is None or epochs < 1 or isinstance(trainer.limit_train_batches, int):
-            return
-        config = self.datamodule.config
-        tokens = int(self.datamodule.train_tokens.numel())
-        steps = max(1, math.ceil(tokens / (config.batch_size * config.block_size)))
-        trainer.limit_train_batches = steps  # a Trainer attribute its fit loop reads
-        if launched_rank() == 0:
-            print(
-                f"lit-spikes: --trainer.max_epochs {epochs}: an epoch here is {steps} steps "
-                f"(the training text's {tokens} tokens / batch {config.batch_size} x "
-                f"{config.block_size}); the run ends at step "
-                f"{min(trainer.max_steps, epochs * steps)}, the first of max_steps and "
-                "max_epochs",
-                file=sys.stderr,
-            )
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -332,7 +307,10 @@ class LitSpikesCLI(LightningCLI):
             return ResumePlan(path, step)
         if not latest:
             self._check_history(root, path, step)
-        callbacks, record = entries_to_resume(Path(path), checkpoint)
+        # fit adds an ExactResume itself (the project's module returns its own): one
+        # rebuilt from the file would be listed in config.yaml, which the run's did not
+        provided = {"ExactResume"} if config["exact_resume"] else set()
+        callbacks, record = entries_to_resume(Path(path), checkpoint, provided)
         self._resume_with_checkpoint_settings(path, checkpoint, callbacks)
         return ResumePlan(path, step, checkpoint, record, callbacks)
 
@@ -463,11 +441,7 @@ class LitSpikesCLI(LightningCLI):
         self.config = self.parser.parse_args(self.command_line)  # build_cli: a list or None
         config = self.config[subcommand]
         config["ckpt_path"] = path  # "latest" resolved
-        given = config["trainer"].get("callbacks")
-        if isinstance(given, list):
-            # The run's command again (what a preempted run says to do): its
-            # --trainer.callbacks+= come after the same ones of its config.yaml, taken once
-            config["trainer"]["callbacks"] = [c for i, c in enumerate(given) if c not in given[:i]]
+        callbacks_once(config)
         conflicts = []
         for key, value in saved.items():
             if not key.startswith(MODEL_KEYS) or key not in config:
@@ -484,12 +458,15 @@ class LitSpikesCLI(LightningCLI):
             )
 
     def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
-        """A user's run's config.yaml as the defaults, the command line parsed on them."""
-        if record := user_run_config(read_record(run_dir)):
+        """The run's config.yaml as the defaults, the command line parsed on them; with no
+        checkpoint (``path`` None: a run killed before its first file), its callbacks too."""
+        recorded = read_record(run_dir)
+        if record := recorded_run_config(recorded, with_callbacks=path is None):
             self._data_recorded = "data" in record
             self._subcommand_parser(subcommand).set_defaults(record)
             self.config = self.parser.parse_args(self.command_line)
             self.config[subcommand]["ckpt_path"] = path
+            callbacks_once(self.config[subcommand])
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

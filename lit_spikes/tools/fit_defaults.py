@@ -43,6 +43,9 @@ RECORDED_TRAINER = (
     "devices",
     "num_nodes",
     "strategy",
+    "log_every_n_steps",
+    "enable_progress_bar",
+    "enable_model_summary",
 )
 """The Trainer settings of the record that decide what a resumed run trains: its length
 and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli`` takes
@@ -196,15 +199,15 @@ def record_path(ckpt_path: Path) -> Path:
     return run_record.record_path(ckpt_path)
 
 
-def user_run_config(record: Mapping[str, Any], own_model_path: str = DEMO_MODEL) -> dict[str, Any]:
-    """The defaults a resume takes from a user's run record (a parsed ``config.yaml``):
-    its ``model`` and ``data`` sections whole, ``RECORDED_TOP`` and ``RECORDED_TRAINER``
-    (dotted keys); nothing for a run of the project's module (``own_model_path`` or a
-    subclass: its checkpoint holds its settings) or a record that is not one."""
+def recorded_run_config(record: Mapping[str, Any], with_callbacks: bool = False) -> dict[str, Any]:
+    """The defaults a requeue takes from its run's record (a parsed ``config.yaml``), for
+    the project's module as for any: its ``model`` and ``data`` sections whole,
+    ``RECORDED_TOP`` and ``RECORDED_TRAINER`` (dotted keys), and ``with_callbacks`` its
+    ``trainer.callbacks`` (a resume takes those with the checkpoint's record instead:
+    ``resume_callbacks``); nothing from a record that is not one. (A checkpoint's own
+    settings go over these: ``fit_cli``.)"""
     model = record.get("model")
     if not isinstance(model, Mapping) or not isinstance(model.get("class_path"), str):
-        return {}
-    if _is_subclass_path(model["class_path"], own_model_path):
         return {}
     saved: dict[str, Any] = {"model": dict(model)}
     data = record.get("data")
@@ -219,6 +222,8 @@ def user_run_config(record: Mapping[str, Any], own_model_path: str = DEMO_MODEL)
             for key in RECORDED_TRAINER
             if key in trainer and isinstance(trainer[key], plain)
         }
+        if with_callbacks and trainer.get("callbacks"):
+            saved["trainer.callbacks"] = trainer["callbacks"]
     return saved
 
 

@@ -5,12 +5,13 @@ the plan and the run directory: each returns the error to print, or None. The CL
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lit_spikes.checkpoints import checkpoint_files_if_any
-from lit_spikes.tools.cli_parsing import is_own, trainer_setting_problem
+from lit_spikes.tools.cli_parsing import is_own, launched_rank, trainer_setting_problem
 from lit_spikes.tools.defaults import StepDataModule, TinyGPTModule, check_shard
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
 from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory
@@ -56,6 +57,32 @@ def run_length(config: Any) -> int:
     if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
         return int(config["model"]["init_args"]["optim"].max_steps)
     return -1 if steps is None else int(steps)
+
+
+def callbacks_once(config: Any) -> None:
+    """The run's command again (what a preempted run says to do) lists its
+    ``--trainer.callbacks+=`` after the same ones of its config.yaml: each taken once."""
+    given = config["trainer"].get("callbacks")
+    if isinstance(given, list):
+        config["trainer"]["callbacks"] = [c for i, c in enumerate(given) if c not in given[:i]]
+
+
+def already_finished(config: Any, step: int) -> None:
+    """A requeue of a run that reached its ``max_steps`` (the job's command again, into
+    its own directory, after its last step): done, not an error. Exit 0 with one line
+    (rank 0's), nothing written. Into another directory: ``config_problem`` refuses it."""
+    path = config["ckpt_path"]
+    root = Path(config["trainer"]["default_root_dir"]).resolve()
+    if Path(path).resolve().parent.parent != root:
+        return
+    if launched_rank() == 0:
+        print(
+            f"lit-spikes: the run already reached its max_steps={step} (--ckpt_path {path}):"
+            " nothing to train, nothing written; to train on, give --trainer.max_steps N "
+            "above it",
+            file=sys.stderr,
+        )
+    raise SystemExit(0)
 
 
 def config_problem(config: Any, subcommand: str | None, resume_step: int | None) -> str | None:

@@ -25,6 +25,7 @@ CALLBACKS_MODULE = "lit_spikes.callbacks"
 CLI_OWN = frozenset(
     {"ModelCheckpoint", "PreemptionCheckpoint", "FinalCheckpoint", "RunDirectoryLock"}
     | {"ValidateAtEnd", "StepProgressBar", "RichProgressBar", "TQDMProgressBar"}
+    | {"TrainingCurves"}
 )
 """Callbacks ``lit-spikes fit`` adds itself (by class name): the resumed run has its own
 ones, with this run's settings (``--checkpoint_every``), so none of them is missing."""
@@ -155,10 +156,13 @@ def run_config_callbacks(ckpt_path: Path, checkpoint: dict[str, Any]) -> list[di
     return kept
 
 
-def from_record(checkpoint: dict[str, Any], present: Iterable[Any]) -> RecordedCallbacks:
+def from_record(
+    checkpoint: dict[str, Any], present: Iterable[Any], provided: Iterable[str] = ()
+) -> RecordedCallbacks:
     """The callbacks a resume from ``checkpoint`` needs beyond the ``present`` ones (the
-    callbacks the run's config.yaml or the command line already give): rebuilt from
-    their state keys, or named where they cannot be."""
+    callbacks the run's config.yaml or the command line already give) and those of the
+    ``provided`` class names (the resume adds them itself): rebuilt from their state
+    keys, or named where they cannot be."""
     states = checkpoint.get("callbacks") or {}
     covered: set[str] = set()
     for callback in present:
@@ -166,7 +170,7 @@ def from_record(checkpoint: dict[str, Any], present: Iterable[Any]) -> RecordedC
     result = RecordedCallbacks()
     for key, state in states.items():
         parsed = parse_state_key(str(key))
-        if str(key) in covered or (parsed is not None and parsed[0] in CLI_OWN):
+        if str(key) in covered or (parsed is not None and parsed[0] in {*CLI_OWN, *provided}):
             continue
         built = rebuild(str(key), state)
         if built is None:
@@ -187,15 +191,16 @@ def from_record(checkpoint: dict[str, Any], present: Iterable[Any]) -> RecordedC
 
 
 def entries_to_resume(
-    ckpt_path: Path | None, checkpoint: dict[str, Any]
+    ckpt_path: Path | None, checkpoint: dict[str, Any], provided: Iterable[str] = ()
 ) -> tuple[list[dict[str, Any]], RecordedCallbacks]:
     """The ``{"class_path", "init_args"}`` entries of the callbacks a resume from
     ``checkpoint`` trains with, and the record they were rebuilt from (its ``unrebuilt``
     keys): those of the ``config.yaml`` beside ``ckpt_path``'s run (none for None), then
-    each stateful one the file's own record names that those lack, from its state key."""
+    each stateful one the file's own record names that those lack, from its state key,
+    but those of the ``provided`` class names."""
     entries = run_config_callbacks(ckpt_path, checkpoint) if ckpt_path is not None else []
     present = [callback for callback in map(instantiate, entries) if callback is not None]
-    record = from_record(checkpoint, present)
+    record = from_record(checkpoint, present, provided)
     return [*entries, *record.rebuilt], record
 
 

@@ -213,7 +213,7 @@ def test_latest_resume_skips_invalid_files_and_says_so(
     with pytest.warns(UserWarning, match=r"step=15.ckpt: the file is empty.*previous"):
         cli = cli_main([*args, "--ckpt_path", "latest"])
     assert Path(cli.trainer.ckpt_path).name == "step=10.ckpt"
-    assert cli.trainer.global_step == 20
+    assert cli.trainer.global_step == 15  # the recorded run's length, not the schedule's
     with pytest.raises(SystemExit):
         cli_main([*args, "--ckpt_path", str(tmp_path / "nowhere.ckpt")])
     assert "no such file" in capsys.readouterr().err
@@ -253,7 +253,7 @@ def test_latest_resume_takes_the_newest_file_after_a_skipped_non_finite_step(
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no file refused
         assert newest_valid_checkpoint(root / "checkpoints", refuse_nonfinite=False)[0] == 15
-    cli = cli_main([*args, "--ckpt_path", "latest"])
+    cli = cli_main([*args, "--ckpt_path", "latest", "--trainer.max_steps", "20"])  # extended
     assert Path(cli.trainer.ckpt_path).name == "step=15.ckpt"
     assert cli.trainer.global_step == 20
     with pytest.warns(UserWarning, match=r"written after a non-finite loss .* \[7\]"):

@@ -151,6 +151,7 @@ def test_a_skip_position_before_the_resume_point_is_a_usage_error_before_any_fil
     out = tmp_path / "resumed"
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *QUIET, "--trainer.default_root_dir", str(out), "--data.config.skip", "[5]",
+              "--trainer.max_steps", "20",
               "--ckpt_path", str(ref / "checkpoints" / "step=10.ckpt")])  # fmt: skip
     assert exit_info.value.code == 2
     assert "skip positions [5] lie before data position 10" in capsys.readouterr().err

@@ -20,9 +20,9 @@ from lit_spikes.tools.cli import main
 from lit_spikes.tools.fit_defaults import (
     adds_exact_resume,
     length_problem,
+    recorded_run_config,
     seed_for,
     threads_for,
-    user_run_config,
 )
 from lit_spikes.tools.progress import StepProgressBar
 from tests.conftest import load_ckpt, tb_scalars
@@ -210,14 +210,15 @@ def test_a_users_record_gives_model_data_length_and_numerics() -> None:
         "exact_resume": True,
         "trainer": {"max_steps": 30, "default_root_dir": "runs/x", "callbacks": [], "devices": 1},
     }
-    saved = user_run_config(record, "lit_spikes.demo.module.TinyGPTModule")
+    saved = recorded_run_config(record)
     assert saved["model"] == model and saved["data"] == {"class_path": DATA}
     assert saved["trainer.max_steps"] == 30 and saved["trainer.devices"] == 1
     assert saved["seed_everything"] == 0 and saved["num_threads"] == 1
     assert "trainer.default_root_dir" not in saved and "trainer.callbacks" not in saved
-    own = {"model": {"class_path": "lit_spikes.demo.module.TinyGPTModule"}, "trainer": {}}
-    assert user_run_config(own, "lit_spikes.demo.module.TinyGPTModule") == {}
-    assert user_run_config({}, "lit_spikes.demo.module.TinyGPTModule") == {}
+    # The project's module's record too: a requeue of the demo dropped its settings
+    own = {"model": {"class_path": "lit_spikes.demo.module.TinyGPTModule"}, "checkpoint_every": 10}
+    assert recorded_run_config(own)["checkpoint_every"] == 10
+    assert recorded_run_config({}) == {}
 
 
 def test_fit_shows_lr_and_grad_norm_for_a_users_module(uninterrupted: Path) -> None:
