@@ -70,6 +70,7 @@ from lit_spikes.tools.fit_defaults import (
     foreign_checkpoint,
     read_record,
     recorded_run_config,
+    requeue_conflicts,
     resolve_module_defaults,
     training_callbacks,
 )
@@ -81,6 +82,7 @@ from lit_spikes.tools.fit_plan import (
     ckpt_keyword_problem,
     config_problem,
     history_problem,
+    recorded_classes,
     run_files,
     run_length,
 )
@@ -366,6 +368,13 @@ class LitSpikesCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):  # the command line, as LightningCLI's
             self.command_line = yaml_nonfinite(sys.argv[1:] if args is None else list(args))
+            # A requeue's --model.* without --model CLASS: parsed against the recorded class
+            try:
+                early = recorded_classes(self.command_line, TRAINER_DEFAULTS["default_root_dir"])
+            except RecordError as error:
+                parser.error(str(error))
+            if early is not None:
+                self._subcommand_parser(self.command_line[0]).set_defaults(early)
             self.config = parser.parse_args(self.command_line)
             return
         self.command_line = args
@@ -467,6 +476,16 @@ class LitSpikesCLI(LightningCLI):
             self.config = self.parser.parse_args(self.command_line)
             self.config[subcommand]["ckpt_path"] = path
             callbacks_once(self.config[subcommand])
+            config = self.config[subcommand]
+            root = Path(config["trainer"]["default_root_dir"]).resolve()
+            requeue = subcommand == "fit" and root == run_dir.resolve()  # validate: any
+            if requeue and (conflicts := requeue_conflicts(record, config)):
+                self.parser.error(
+                    f"a requeue continues the run {run_dir / RECORD_NAME} records, but "
+                    f"{'; '.join(conflicts)} asks for another run. Drop them to continue it, "
+                    "or start a new run in another --trainer.default_root_dir (a requeue may "
+                    "change max_steps, to extend it, log_every_n_steps and the progress bar)"
+                )
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

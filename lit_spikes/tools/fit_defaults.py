@@ -15,7 +15,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from lit_spikes.tools import run_record
-from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL, plain_config
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
 NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
@@ -225,6 +225,56 @@ def recorded_run_config(record: Mapping[str, Any], with_callbacks: bool = False)
         if with_callbacks and trainer.get("callbacks"):
             saved["trainer.callbacks"] = trainer["callbacks"]
     return saved
+
+
+REQUEUE_MAY_CHANGE = frozenset(
+    {"trainer.max_steps", "trainer.log_every_n_steps", "trainer.enable_progress_bar"}
+    | {"trainer.enable_model_summary", "model.num_threads", "model.flush_denormal"}
+)
+"""Settings a requeue may give otherwise than its record: the run's end (to extend it),
+what is logged and shown, and the project's module's process settings (it warns)."""
+
+
+def requeue_conflicts(saved: Mapping[str, Any], config: Any) -> list[str]:
+    """``"--<setting>=<given> (the record's: <recorded>)"`` for each setting of a run's
+    record (``saved``: ``recorded_run_config``'s) that the parsed ``config`` (the record's
+    values as defaults, the command line over them) gives otherwise, but those a requeue
+    may change."""
+    from lit_spikes.tools.command_line import as_plain
+
+    given: dict[str, Any] = {}
+    recorded: dict[str, Any] = {}
+    for key, value in saved.items():
+        if key in ("model", "data"):
+            now = as_plain(config[key])
+            for part, section in (("given", now), ("recorded", value)):
+                flat = _flat_section(key, section)
+                (given if part == "given" else recorded).update(flat)
+        elif key != "trainer.callbacks":
+            section, _, name = key.rpartition(".")
+            given[key] = config[section][name] if section else config[key]
+            recorded[key] = value
+    return [
+        f"--{key}={plain_config(given.get(key))!r} (the record's: {plain_config(value)!r})"
+        for key, value in recorded.items()
+        if key not in REQUEUE_MAY_CHANGE and plain_config(given.get(key)) != plain_config(value)
+    ]
+
+
+def _flat_section(key: str, section: Any) -> dict[str, Any]:
+    """A ``model``/``data`` section as ``{"model": class path, "model.<arg>": value}``."""
+    if not isinstance(section, Mapping):
+        return {key: section}
+    flat: dict[str, Any] = {key: section.get("class_path")}
+    stack = [(f"{key}.", section.get("init_args") or {})]
+    while stack:
+        prefix, values = stack.pop()
+        for name, value in values.items():
+            if isinstance(value, Mapping) and "class_path" not in value:
+                stack.append((f"{prefix}{name}.", value))
+            else:
+                flat[f"{prefix}{name}"] = value
+    return flat
 
 
 def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> str | None:

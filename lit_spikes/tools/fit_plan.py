@@ -14,6 +14,7 @@ from lit_spikes.checkpoints import checkpoint_files_if_any
 from lit_spikes.tools.cli_parsing import is_own, launched_rank, trainer_setting_problem
 from lit_spikes.tools.defaults import StepDataModule, TinyGPTModule, check_shard
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
+from lit_spikes.tools.run_record import RECORD_NAME, read_record, record_path
 from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory
 
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
@@ -57,6 +58,39 @@ def run_length(config: Any) -> int:
     if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
         return int(config["model"]["init_args"]["optim"].max_steps)
     return -1 if steps is None else int(steps)
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` in ``args`` (the last one given)."""
+    value = None
+    for i, token in enumerate(args):
+        if token == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif token.startswith(f"{name}="):
+            value = token.partition("=")[2]
+    return value
+
+
+def recorded_classes(args: list[str], default_root: str) -> dict[str, Any] | None:
+    """The ``model`` and ``data`` sections of the record a ``fit``/``validate`` command
+    line resumes (``--ckpt_path`` and its run's ``config.yaml``), where the command line
+    names no ``--model`` class: the defaults to parse it against, before the parse, so
+    that a requeue's ``--model.lr`` is read as the recorded module's argument (it was
+    refused as the project's module's). None: nothing recorded to take.
+
+    Raises:
+        RecordError: the record's class paths are not what their entries take.
+    """
+    path = _option(args, "--ckpt_path")
+    if not args or args[0] not in ("fit", "validate") or not path or _option(args, "--model"):
+        return None
+    root = Path(_option(args, "--trainer.default_root_dir") or default_root)
+    record = root / RECORD_NAME if path in ("last", "latest") else record_path(Path(path))
+    recorded = read_record(record) if record.is_file() else {}
+    model = recorded.get("model")
+    if not isinstance(model, dict):
+        return None
+    return {"model": model, "data": recorded.get("data")}
 
 
 def callbacks_once(config: Any) -> None:

@@ -91,12 +91,16 @@ def test_a_callback_the_record_names_but_cannot_rebuild_is_refused_by_name(
     assert not out.exists()
 
 
+JOB = ["fit", *TINY_CLI, *QUIET, "--checkpoint_every", "4", "--trainer.max_steps", "6"]
+
+
 def _events_of_a_run_cut_short(root: Path) -> list[Path]:
-    """What a job killed before its first checkpoint leaves: its events, no checkpoint."""
-    main(["fit", *TINY_CLI, *QUIET, "--checkpoint_every", "0", "--trainer.max_steps", "3",
-          "--trainer.default_root_dir", str(root)])  # fmt: skip
+    """What the job ``JOB`` killed before its first checkpoint leaves: its config.yaml and
+    events, no checkpoint (its run, less its files: tools/test_requeue.py kills one)."""
+    main([*JOB, "--trainer.default_root_dir", str(root)])
+    shutil.rmtree(root / "checkpoints")
     events = sorted(root.glob("events.out.tfevents.*"))
-    assert events and not (root / "checkpoints").exists()
+    assert events and (root / "config.yaml").is_file()
     return events
 
 
@@ -108,8 +112,7 @@ def test_ckpt_path_last_requeues_a_job_that_died_before_its_first_checkpoint(
     root = tmp_path / "job"
     old = _events_of_a_run_cut_short(root)
     capsys.readouterr()
-    job = ["fit", *TINY_CLI, *QUIET, "--checkpoint_every", "4", "--trainer.max_steps", "6"]
-    cli = main([*job, "--trainer.default_root_dir", str(root), "--ckpt_path", "last"])
+    cli = main([*JOB, "--trainer.default_root_dir", str(root), "--ckpt_path", "last"])
     assert cli is not None and cli.trainer.global_step == 6
     assert "has no checkpoint to resume" in capsys.readouterr().err
     assert not any(path.exists() for path in old)

@@ -7,6 +7,7 @@ Each run is a new process, as a scheduler starts it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,5 +90,51 @@ def test_a_run_killed_before_its_first_file_restarts_as_recorded(
     # The job's whole command again, as a job script holds it: its callbacks taken once
     run = [*RUNS[which], "--trainer.default_root_dir", str(root)]
     done = lit_spikes("fit", *run, "--ckpt_path", "last")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(whole, root)
+
+
+OTHER_RUNS = {
+    "user": [
+        ("--model.lr", "0.5", "0.01"),
+        ("--model.dropout", "0.0", "0.3"),
+        ("--data.batch_size", "2", "8"),
+        ("--trainer.precision", "32-true", "'64-true'"),
+    ],
+    "demo": [
+        ("--model.optim.peak_lr", "0.5", "0.1"),
+        ("--data.config.batch_size", "2", "4"),
+        ("--checkpoint_every", "5", "10"),
+    ],
+}
+"""Each a requeue asking for another run: the setting, the value given, the record's."""
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # type: ignore[no-untyped-def]
+    uninterrupted, tmp_path: Path
+) -> None:
+    """Another model or data value on a requeue was taken silently (``--model.lr``: into
+    config.yaml and the hyper-parameters; ``--model.dropout``: another run trained) or
+    failed after rewriting config.yaml, after which the plain requeue failed every time."""
+    which, whole = uninterrupted
+    root = tmp_path / "killed"
+    (root / "checkpoints").mkdir(parents=True)  # what a kill after step 10 leaves
+    shutil.copy(whole / "config.yaml", root / "config.yaml")
+    shutil.copy(whole / "checkpoints" / FILES[0], root / "checkpoints" / FILES[0])
+    before = snapshot(root)
+    requeue = ["fit", "--trainer.default_root_dir", str(root), "--ckpt_path", "last"]
+    for flag, value, recorded in OTHER_RUNS[which]:
+        done = lit_spikes(*requeue, flag, value)
+        assert done.returncode == 2, (flag, done.stderr[-3000:])
+        err = " ".join(done.stderr.split())
+        shown = repr(value) if flag == "--trainer.precision" else value
+        assert f"{flag}={shown}" in err, err
+        assert f"(the record's: {recorded})" in err and "another --trainer.default_root_dir" in err
+        assert snapshot(root) == before, f"{flag} wrote into the run directory"
+    done = lit_spikes(*requeue)  # the plain requeue still works
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(whole, root)
