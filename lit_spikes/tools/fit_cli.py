@@ -69,8 +69,8 @@ from lit_spikes.tools.fit_defaults import (
     data_problem,
     foreign_checkpoint,
     read_record,
+    record_problem,
     recorded_run_config,
-    requeue_conflicts,
     resolve_module_defaults,
     training_callbacks,
 )
@@ -85,6 +85,7 @@ from lit_spikes.tools.fit_plan import (
     recorded_classes,
     run_files,
     run_length,
+    weights_problem,
 )
 from lit_spikes.tools.resume_callbacks import entries_to_resume, keys_of
 from lit_spikes.tools.run_record import RECORD_NAME, RecordError, announce, record_path
@@ -195,6 +196,9 @@ class LitSpikesCLI(LightningCLI):
                 check_skip_at_resume(self.plan.checkpoint, self.datamodule, self.trainer)
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {first_cause(error)}")
+        problem = weights_problem(self.model, self.plan.checkpoint, self.plan.path or "")
+        if self.subcommand == "fit" and problem is not None:
+            self.parser.error(problem)
         self._check_recorded_callbacks()
         if self.subcommand == "fit":
             epochs_of_the_stream(self.config["fit"], self.datamodule, self.trainer)
@@ -478,14 +482,11 @@ class LitSpikesCLI(LightningCLI):
             callbacks_once(self.config[subcommand])
             config = self.config[subcommand]
             root = Path(config["trainer"]["default_root_dir"]).resolve()
-            requeue = subcommand == "fit" and root == run_dir.resolve()  # validate: any
-            if requeue and (conflicts := requeue_conflicts(record, config)):
-                self.parser.error(
-                    f"a requeue continues the run {run_dir / RECORD_NAME} records, but "
-                    f"{'; '.join(conflicts)} asks for another run. Drop them to continue it, "
-                    "or start a new run in another --trainer.default_root_dir (a requeue may "
-                    "change max_steps, to extend it, log_every_n_steps and the progress bar)"
-                )
+            if subcommand == "fit":  # validate may take any settings
+                requeue = root == run_dir.resolve()
+                problem = record_problem(record, config, run_dir / RECORD_NAME, requeue)
+                if problem is not None:
+                    self.parser.error(problem)
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:

@@ -261,6 +261,33 @@ def requeue_conflicts(saved: Mapping[str, Any], config: Any) -> list[str]:
     ]
 
 
+def record_problem(
+    saved: Mapping[str, Any], config: Any, record: Path, requeue: bool
+) -> str | None:
+    """Why a fit cannot go on from the run ``record`` describes (None: it can): a requeue
+    (into the run's own directory) asking for another run (``requeue_conflicts``); a
+    resume elsewhere with another module class, whose weights would load into it without
+    a word where the shapes match."""
+    if requeue:
+        conflicts = requeue_conflicts(saved, config)
+        if not conflicts:
+            return None
+        return (
+            f"a requeue continues the run {record} records, but {'; '.join(conflicts)} asks "
+            "for another run. Drop them to continue it, or start a new run in another "
+            "--trainer.default_root_dir (a requeue may change max_steps, to extend it, "
+            "log_every_n_steps and the progress bar)"
+        )
+    trained, given = _class_path(saved.get("model")), _class_path(config["model"])
+    if trained == given:
+        return None
+    return (
+        f"--model {given}, but the checkpoint's run trained {trained} ({record}): a resume "
+        f"continues that module. Give --model {trained} (or leave --model out), or train "
+        f"{given} in a new run without --ckpt_path"
+    )
+
+
 def _flat_section(key: str, section: Any) -> dict[str, Any]:
     """A ``model``/``data`` section as ``{"model": class path, "model.<arg>": value}``."""
     if not isinstance(section, Mapping):

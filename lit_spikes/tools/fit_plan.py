@@ -93,6 +93,32 @@ def recorded_classes(args: list[str], default_root: str) -> dict[str, Any] | Non
     return {"model": model, "data": recorded.get("data")}
 
 
+def weights_problem(model: Any, checkpoint: dict[str, Any] | None, path: str) -> str | None:
+    """Why ``model`` cannot take the weights of ``checkpoint`` (None: it can, or there is
+    none): names or shapes that differ, which Lightning's ``load_state_dict`` reports
+    as a traceback once the run's files are written. (A module built lazily, in
+    ``configure_model``, has its weights only then: nothing to compare.)"""
+    saved = None if checkpoint is None else checkpoint.get("state_dict")
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if not isinstance(saved, dict) or not own:
+        return None
+    theirs = {k: tuple(getattr(v, "shape", ())) for k, v in saved.items()}
+    differ = [f"{k}: {theirs[k]} in the file, {own[k]} here" for k in own.keys() & theirs.keys()
+              if theirs[k] != own[k]]  # fmt: skip
+    if getattr(model, "strict_loading", True):
+        differ += [f"{k}: not in the file" for k in own.keys() - theirs.keys()]
+        differ += [f"{k}: not in {type(model).__name__}" for k in theirs.keys() - own.keys()]
+    if not differ:
+        return None
+    shown = "; ".join(sorted(differ)[:4]) + (f"; {len(differ) - 4} more" if len(differ) > 4 else "")
+    return (
+        f"--ckpt_path {path} holds the weights of another module than "
+        f"{type(model).__name__} of these settings ({shown}): give the run's --model and "
+        "its settings (a run's config.yaml beside the file gives them), or start a new run "
+        "without --ckpt_path; nothing was written"
+    )
+
+
 def callbacks_once(config: Any) -> None:
     """The run's command again (what a preempted run says to do) lists its
     ``--trainer.callbacks+=`` after the same ones of its config.yaml: each taken once."""

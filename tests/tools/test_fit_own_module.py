@@ -268,3 +268,30 @@ def test_a_users_module_with_its_own_loader_needs_no_data(tmp_path: Path) -> Non
 
 def final_file(root: Path) -> Any:
     return load_ckpt(root / "checkpoints" / "step=6.ckpt")["state_dict"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "tests.modules.fit_modules.SelfFedNet"],
+         "--model tests.modules.fit_modules.SelfFedNet, but the checkpoint's run trained "
+         f"{NET}"),
+        (["--model.hidden", "8"],
+         "holds the weights of another module than DropoutNet of these settings "
+         "(net.0.bias: (16,) in the file, (8,) here"),
+    ],
+    ids=["another-class-same-shapes", "other-shapes"],
+)  # fmt: skip
+def test_a_file_of_another_module_is_refused_before_any_file(
+    uninterrupted: Path, tmp_path: Path, args: list[str], message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Another class of the same shapes resumed without a word; other shapes gave
+    load_state_dict's traceback after the run's files were written."""
+    ckpt = uninterrupted / "checkpoints" / f"step={KILLED_AT}.ckpt"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        fit(tmp_path / "other", *args, "--ckpt_path", str(ckpt))
+    assert exit_info.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "other").exists()
