@@ -162,13 +162,21 @@ def check_state_shapes(saved: dict[str, torch.Tensor], current: dict[str, torch.
 def check_one_batch_per_step(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     """Raises ``ValueError`` for a fit whose global step does not advance once per batch of
     a ``StepLoader`` (it serves the batch of each global step)."""
-    uses_loader = any(isinstance(loader, StepLoader) for loader in train_loaders(trainer))
-    if uses_loader and trainer.accumulate_grad_batches != 1:
-        raise ValueError(
-            f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) with a "
-            "StepLoader: it serves the batch of each global step, one batch per step; give "
-            "it batch_size = the rows a step should see instead"
-        )
+    problem = one_batch_per_step_problem(trainer.accumulate_grad_batches, train_loaders(trainer))
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def one_batch_per_step_problem(accumulate: int, loaders: Sequence[Any]) -> str | None:
+    """Why ``accumulate_grad_batches=accumulate`` cannot train on ``loaders`` (None: it
+    can): a ``StepLoader`` serves the batch of each global step, one a step."""
+    if accumulate == 1 or not any(isinstance(loader, StepLoader) for loader in loaders):
+        return None
+    return (
+        f"Trainer(accumulate_grad_batches={accumulate}) with a StepLoader: it serves the "
+        "batch of each global step, one batch per step; give it batch_size = the rows a "
+        "step should see instead"
+    )
 
 
 def train_loaders(trainer: pl.Trainer) -> list[Any]:

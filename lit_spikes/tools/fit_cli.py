@@ -74,7 +74,11 @@ from lit_spikes.tools.fit_defaults import (
     resolve_module_defaults,
     training_callbacks,
 )
-from lit_spikes.tools.fit_own_data import check_skip_at_resume, epochs_of_the_stream
+from lit_spikes.tools.fit_own_data import (
+    check_accumulation,
+    check_skip_at_resume,
+    epochs_of_the_stream,
+)
 from lit_spikes.tools.fit_plan import (
     ResumePlan,
     already_finished,
@@ -194,6 +198,8 @@ class LitSpikesCLI(LightningCLI):
                 )
             if self.subcommand == "fit":
                 check_skip_at_resume(self.plan.checkpoint, self.datamodule, self.trainer)
+                accumulate = self.trainer.accumulate_grad_batches
+                check_accumulation(self.model, self.datamodule, accumulate)
         except (ValueError, TypeError) as error:
             self.parser.error(f"invalid configuration: {first_cause(error)}")
         problem = weights_problem(self.model, self.plan.checkpoint, self.plan.path or "")

@@ -1,15 +1,20 @@
-"""What ``lit-spikes fit`` does for the project's own data (``StepDataModule``) once the
-classes are built: checks that would otherwise come after files were written, and
-``--trainer.max_epochs`` on its endless step stream. Applies to no other data module."""
+"""What ``lit-spikes fit`` checks of the data once the classes are built, that would
+otherwise fail after the run's files were written, and ``--trainer.max_epochs`` on the
+project's endless step stream (``StepDataModule``)."""
 
 from __future__ import annotations
 
 import math
+import random
 import sys
 import warnings
 from typing import Any
 
+import numpy as np
+import torch
+
 from lit_spikes.callbacks.batch_skipper import BatchSkipper
+from lit_spikes.callbacks.exact_resume import one_batch_per_step_problem
 from lit_spikes.tools.cli_parsing import launched_rank
 from lit_spikes.tools.defaults import StepDataModule
 
@@ -52,3 +57,26 @@ def epochs_of_the_stream(config: Any, datamodule: Any, trainer: Any) -> None:
             f"{min(trainer.max_steps, epochs * steps)}, the first of max_steps and max_epochs",
             file=sys.stderr,
         )
+
+
+def check_accumulation(model: Any, datamodule: Any, accumulate: int) -> None:
+    """``accumulate_grad_batches`` other than 1 with a ``StepLoader`` (refused by
+    ``ExactResume`` at the first step, after config.yaml, the events and hparams.yaml were
+    written): the same check now, on the train loader built ahead (``ValueError``). Only
+    then is it built, with every RNG put back after: building it may draw (a split)."""
+    if accumulate == 1:
+        return
+    owner = datamodule if datamodule is not None else model
+    state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            loaders = owner.train_dataloader()
+        except Exception:  # it needs its setup first: ExactResume checks at the first step
+            return
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+    flat = list(loaders.values()) if isinstance(loaders, dict) else loaders
+    problem = one_batch_per_step_problem(accumulate, flat if isinstance(flat, list) else [flat])
+    if problem is not None:
+        raise ValueError(problem)

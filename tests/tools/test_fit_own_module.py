@@ -295,3 +295,17 @@ def test_a_file_of_another_module_is_refused_before_any_file(
     assert exit_info.value.code == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "other").exists()
+
+
+def test_accumulation_with_a_step_loader_is_refused_before_any_file(tmp_path: Path) -> None:
+    """It was ExactResume's error at the first step, after config.yaml, the events and
+    hparams.yaml were written (and a requeue then read the bad value back from that
+    config.yaml). A plain DataLoader accumulates as Lightning does."""
+    accumulate = ["--trainer.accumulate_grad_batches", "2", "--trainer.max_steps", "3"]
+    with pytest.raises(SystemExit) as exit_info:
+        fit(tmp_path / "step", "--model", NET, "--data", DATA, *accumulate)
+    assert exit_info.value.code == 2 and not (tmp_path / "step").exists()
+    plain = ["--model", "lit_spikes.testing.examples.Regressor", "--data",
+             "lit_spikes.testing.examples.ShuffledData"]  # fmt: skip
+    cli = fit(tmp_path / "plain", *plain, *accumulate)
+    assert cli.trainer.global_step == 3 and cli.trainer.accumulate_grad_batches == 2
