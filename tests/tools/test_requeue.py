@@ -138,3 +138,9 @@ def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # typ
     done = lit_spikes(*requeue)  # the plain requeue still works
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(whole, root)
+    # What a requeue may change is applied and recorded: the run extended to step 50
+    done = lit_spikes(*requeue, "--trainer.max_steps", "50", "--trainer.log_every_n_steps", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "checkpoints" / "step=50.ckpt").is_file()
+    record = (root / "config.yaml").read_text()
+    assert "  max_steps: 50\n" in record and "  log_every_n_steps: 2\n" in record
