@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from lit_spikes.tools.cli import main
 from tests.conftest import REPO, TINY_CLI, assert_states_equal, load_ckpt
 from tests.modules.killer import KILL_AT
 
@@ -62,7 +64,9 @@ def assert_same_run(whole: Path, requeued: Path) -> None:
     assert recorded[0] == recorded[1]  # but the run directory's own name
 
 
-def test_a_killed_run_requeued_is_the_uninterrupted_one(uninterrupted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_killed_run_requeued_is_the_uninterrupted_one(  # type: ignore[no-untyped-def]
+    uninterrupted, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     which, whole = uninterrupted
     root = tmp_path / "killed"
     first = lit_spikes("fit", *RUNS[which], "--trainer.default_root_dir", str(root), kill_at="17")
@@ -73,9 +77,11 @@ def test_a_killed_run_requeued_is_the_uninterrupted_one(uninterrupted, tmp_path:
     assert_same_run(whole, root)
     # Once finished, the same command again: exit 0, one line, nothing written.
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
-    again = lit_spikes(*requeue)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "the run already reached its max_steps=40" in again.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # here: it trains nothing
+        main([*requeue, *QUIET])
+    assert exit_info.value.code == 0
+    assert "the run already reached its max_steps=40" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 
@@ -84,9 +90,8 @@ def test_a_run_killed_before_its_first_file_restarts_as_recorded(
 ) -> None:  # type: ignore[no-untyped-def]
     which, whole = uninterrupted
     root = tmp_path / "killed"
-    first = lit_spikes("fit", *RUNS[which], "--trainer.default_root_dir", str(root), kill_at="4")
-    assert first.returncode == -9, first.stderr[-3000:]
-    assert not list((root / "checkpoints").glob("*.ckpt"))
+    root.mkdir()  # what a kill before the first file leaves: the record (the events too,
+    shutil.copy(whole / "config.yaml", root / "config.yaml")  # tools/test_cli_hunt.py)
     # The job's whole command again, as a job script holds it: its callbacks taken once
     run = [*RUNS[which], "--trainer.default_root_dir", str(root)]
     done = lit_spikes("fit", *run, "--ckpt_path", "last")
@@ -114,12 +119,24 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The usage error of ``lit-spikes *argv`` run in this process (exit 2), on one line:
+    a refusal trains nothing, a new process a case would only add its imports."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, *QUIET])
+    assert exit_info.value.code == 2, argv
+    return " ".join(capsys.readouterr().err.split())
+
+
 def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # type: ignore[no-untyped-def]
-    uninterrupted, tmp_path: Path
+    uninterrupted, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Another model or data value on a requeue was taken silently (``--model.lr``: into
     config.yaml and the hyper-parameters; ``--model.dropout``: another run trained) or
-    failed after rewriting config.yaml, after which the plain requeue failed every time."""
+    failed after rewriting config.yaml, after which the plain requeue failed every time.
+    The first case in a new process, as typed; the others here."""
+    torch.set_flush_denormal(False)  # as the runs had it (a demo fit here may have set it)
     which, whole = uninterrupted
     root = tmp_path / "killed"
     (root / "checkpoints").mkdir(parents=True)  # what a kill after step 10 leaves
@@ -127,20 +144,49 @@ def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # typ
     shutil.copy(whole / "checkpoints" / FILES[0], root / "checkpoints" / FILES[0])
     before = snapshot(root)
     requeue = ["fit", "--trainer.default_root_dir", str(root), "--ckpt_path", "last"]
-    for flag, value, recorded in OTHER_RUNS[which]:
-        done = lit_spikes(*requeue, flag, value)
-        assert done.returncode == 2, (flag, done.stderr[-3000:])
-        err = " ".join(done.stderr.split())
+    for index, (flag, value, recorded) in enumerate(OTHER_RUNS[which]):
+        if index == 0:
+            done = lit_spikes(*requeue, flag, value)
+            assert done.returncode == 2, (flag, done.stderr[-3000:])
+            err = " ".join(done.stderr.split())
+        else:
+            err = refusal(capsys, *requeue, flag, value)
         shown = repr(value) if flag == "--trainer.precision" else value
         assert f"{flag}={shown}" in err, err
         assert f"(the record's: {recorded})" in err and "another --trainer.default_root_dir" in err
         assert snapshot(root) == before, f"{flag} wrote into the run directory"
-    done = lit_spikes(*requeue)  # the plain requeue still works
-    assert done.returncode == 0, done.stderr[-3000:]
+    main([*requeue, *QUIET])  # the plain requeue still works
     assert_same_run(whole, root)
     # What a requeue may change is applied and recorded: the run extended to step 50
-    done = lit_spikes(*requeue, "--trainer.max_steps", "50", "--trainer.log_every_n_steps", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
+    main([*requeue, *QUIET, "--trainer.max_steps", "50", "--trainer.log_every_n_steps", "2"])
     assert (root / "checkpoints" / "step=50.ckpt").is_file()
     record = (root / "config.yaml").read_text()
     assert "  max_steps: 50\n" in record and "  log_every_n_steps: 2\n" in record
+
+
+REFUSED = {
+    "user": [
+        (["--trainer.accumulate_grad_batches", "2"], "=2) with a StepLoader"),
+        (["--model", "tests.modules.fit_modules.SelfFedNet"], "but the checkpoint's run trained"),
+        (["--model.hidden", "8"], "holds the weights of another module than DropoutNet"),
+    ],
+    "demo": [
+        (["--trainer.accumulate_grad_batches", "2"], "accumulate_grad_batches"),
+        (["--model", "tests.modules.fit_modules.DropoutNet", "--data",
+          "tests.modules.fit_modules.StepData"], "but the checkpoint's run trained"),
+        (["--model.gpt.d_model", "32"], "--model.gpt.d_model=32 (the checkpoint's: 16)"),
+    ],
+}  # fmt: skip
+"""Resumes from another run's file (into a new directory) that cannot train: accumulation
+with the step stream, another module class, other shapes (issue 52, items 6 and 7)."""
+
+
+def test_a_resume_that_cannot_train_is_refused_before_any_file(  # type: ignore[no-untyped-def]
+    uninterrupted, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    which, whole = uninterrupted
+    mine = tmp_path / "mine"
+    for args, message in REFUSED[which]:
+        err = refusal(capsys, "fit", "--ckpt_path", str(whole / "checkpoints" / FILES[0]),
+                      "--trainer.default_root_dir", str(mine), *args)  # fmt: skip
+        assert message in err and not mine.exists(), (args, err)
