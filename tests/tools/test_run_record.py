@@ -78,7 +78,16 @@ def test_a_class_path_of_the_wrong_kind_in_a_handed_over_record_never_runs(
     their_run: Path, tmp_path: Path, place: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt, sentinel, where = _handed_over(their_run, tmp_path, place)
-    record, mine = ckpt.parent.parent / "config.yaml", tmp_path / "mine"
+    record = ckpt.parent.parent / "config.yaml"
+    for command, err in _refusals(ckpt, tmp_path / "mine", capsys):
+        assert f"{record}: entry {where} has class_path 'subprocess.Popen'" in err, command
+        assert not sentinel.exists(), f"{command} ran the record's payload"
+
+
+def _refusals(ckpt: Path, mine: Path, capsys: pytest.CaptureFixture[str]) -> list[tuple[str, str]]:
+    """``(command, its error on one line)`` of ``fit --ckpt_path`` and ``diagnose`` on
+    ``ckpt``, each checked to exit 2 and to write nothing (``mine``: fit's directory)."""
+    errors = []
     for argv in (
         ["fit", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(mine), *QUIET],
         ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", str(SAVED + 1)],
@@ -87,10 +96,9 @@ def test_a_class_path_of_the_wrong_kind_in_a_handed_over_record_never_runs(
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2, argv[0]
-        err = " ".join(capsys.readouterr().err.split())  # argparse folds long lines
-        assert f"{record}: entry {where} has class_path 'subprocess.Popen'" in err, argv[0]
-        assert not sentinel.exists(), f"{argv[0]} ran the record's payload"
         assert not mine.exists(), f"{argv[0]} wrote files before refusing"
+        errors.append((argv[0], " ".join(capsys.readouterr().err.split())))  # one line
+    return errors
 
 
 def test_a_class_path_given_as_a_string_is_checked_too(tmp_path: Path) -> None:
@@ -180,13 +188,6 @@ def test_a_record_that_does_not_parse_is_named_not_taken_for_missing(
     shutil.copytree(their_run, theirs)
     (theirs / "config.yaml").write_text(text)
     ckpt = theirs / "checkpoints" / f"step={SAVED}.ckpt"
-    for argv in (
-        ["fit", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(mine), *QUIET],
-        ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", str(SAVED + 1)],
-    ):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_info:
-            main(argv)
-        err = " ".join(capsys.readouterr().err.split())
-        assert exit_info.value.code == 2 and f"{theirs / 'config.yaml'}, the run's record" in err
-        assert why in err and "no config.yaml" not in err and not mine.exists(), argv[0]
+    for command, err in _refusals(ckpt, mine, capsys):
+        assert f"{theirs / 'config.yaml'}, the run's record" in err, command
+        assert why in err and "no config.yaml" not in err, command
