@@ -28,7 +28,7 @@ def import_class(path: str, base: type, what: str) -> type:
         raise ValueError(f"{what}={path!r} is not a class path (package.module.Class)")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except Exception as error:  # an import runs the module's code: anything may fail there
         raise ValueError(f"{what}={path!r}: cannot import {module_name!r} ({error})") from None
     klass = getattr(module, name, None)
     if not isinstance(klass, type):

@@ -68,7 +68,6 @@ from lit_spikes.tools.fit_defaults import (
     data_given,
     data_problem,
     foreign_checkpoint,
-    read_record,
     record_problem,
     recorded_run_config,
     resolve_module_defaults,
@@ -479,7 +478,7 @@ class LitSpikesCLI(LightningCLI):
     def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
         """The run's config.yaml as the defaults, the command line parsed on them; with no
         checkpoint (``path`` None: a run killed before its first file), its callbacks too."""
-        recorded = read_record(run_dir)
+        recorded = run_record.read_record(run_dir / RECORD_NAME)
         if record := recorded_run_config(recorded, with_callbacks=path is None):
             self._data_recorded = "data" in record
             self._subcommand_parser(subcommand).set_defaults(record)

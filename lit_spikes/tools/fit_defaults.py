@@ -6,7 +6,6 @@ The decisions are pure functions of the parsed values; ``fit_cli`` applies them.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from jsonargparse import ArgumentParser
 
 from lit_spikes.tools import run_record
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL, plain_config
+from lit_spikes.tools.factories import import_class
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
 NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
@@ -140,12 +140,11 @@ def data_problem(model_path: str, subcommand: str) -> str | None:
     import lightning.pytorch as pl
 
     hook = "train_dataloader" if subcommand == "fit" else "val_dataloader"
-    module, _, name = model_path.rpartition(".")
     try:
-        klass = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+        klass = import_class(model_path, pl.LightningModule, "--model")
+    except ValueError:
         return None  # the parse reports it
-    if getattr(klass, hook, None) is not getattr(pl.LightningModule, hook):
+    if getattr(klass, hook) is not getattr(pl.LightningModule, hook):
         return None
     return (
         f"--model {model_path} has no {hook} and no --data was given: give --data "
@@ -192,11 +191,6 @@ def training_callbacks(config: Any, added: list[Any], configured: list[Any]) -> 
     if not any(isinstance(c, TrainingCurves) for c in [*configured, *added]):
         added = [*added, TrainingCurves()]
     return with_exact_resume(added) if adds_exact_resume(config, [*configured, *added]) else added
-
-
-def record_path(ckpt_path: Path) -> Path:
-    """The run's record of a ``<run>/checkpoints/step=<k>.ckpt``: ``<run>/config.yaml``."""
-    return run_record.record_path(ckpt_path)
 
 
 def recorded_run_config(record: Mapping[str, Any], with_callbacks: bool = False) -> dict[str, Any]:
@@ -312,19 +306,9 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
         return None
     return (
         f"--ckpt_path {path} was not written by TinyGPTModule (no 'lit_spikes' entry) and "
-        f"no {RECORD_NAME} of its run is at {record_path(Path(path))}: give the run's "
+        f"no {RECORD_NAME} of its run is at {run_record.record_path(path)}: give the run's "
         "--model CLASS_PATH and --data CLASS_PATH (and its --trainer.max_steps)"
     )
-
-
-def read_record(run_dir: Path) -> dict[str, Any]:
-    """The ``config.yaml`` of the run in ``run_dir``, parsed and its class paths checked
-    ({} if none).
-
-    Raises:
-        RecordError: a class path in it that is not what its entry takes (``run_record``).
-    """
-    return run_record.read_record(run_dir / RECORD_NAME)
 
 
 def _class_path(section: Any) -> str:

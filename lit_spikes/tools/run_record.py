@@ -11,7 +11,6 @@ the entry and the file (docs/survives.md).
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 import typing
@@ -20,6 +19,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
+
+from lit_spikes.tools.factories import import_class
 
 RECORD_NAME = "config.yaml"
 
@@ -132,33 +133,26 @@ def _check(value: Any, where: str, bases: tuple[type, ...], path: Path, top: boo
 
 
 def _resolved(class_path: Any, where: str, bases: tuple[type, ...], path: Path) -> type:
-    """The class ``class_path`` names, if it is a subclass of one of ``bases``."""
-    klass, why = _import(class_path)
-    if klass is not None and bases and issubclass(klass, bases):
-        return klass
+    """The class ``class_path`` names (imported, never called), if it is a subclass of one
+    of ``bases``."""
+    try:
+        if not isinstance(class_path, str):
+            raise ValueError("it is no class path (package.module.Class)")
+        klass = import_class(class_path, object, "class_path")
+        if bases and issubclass(klass, bases):
+            return klass
+        reason = f"a {klass.__qualname__}"
+    except ValueError as error:
+        reason = str(error)
     takes = " or ".join(b.__qualname__ for b in bases) if bases else "no class"
     raise RecordError(
-        f"{path}: entry {where} has class_path {class_path!r}, which {why or 'is not one'}: "
-        f"that entry takes {'a ' if bases else ''}{takes}. lit-spikes calls no class path of "
-        "a run's record (a file you did not name) that is not what its entry takes; nothing "
-        f"was run or written. Remove that entry from {path.name}, or give the run's "
-        "settings on the command line (--model, --data, --trainer.callbacks) from a run "
-        "directory without it"
+        f"{path}: entry {where} has class_path {class_path!r} ({reason}), but that entry "
+        f"takes {'a ' if bases else ''}{takes}. lit-spikes calls no class path of a run's "
+        "record (a file you did not name) that is not what its entry takes; nothing was "
+        f"run or written. Remove that entry from {path.name}, or give the run's settings on "
+        "the command line (--model, --data, --trainer.callbacks) from a run directory "
+        "without it"
     )
-
-
-def _import(class_path: Any) -> tuple[type | None, str | None]:
-    """``(the class, None)``, or ``(None, why not)``: imported, never called."""
-    if not isinstance(class_path, str) or not _DOTTED.match(class_path):
-        return None, "is no dotted class path"
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), name)
-    except Exception as error:  # an import runs the module's code: anything may fail
-        return None, f"cannot be imported ({type(error).__name__}: {error})"
-    if not isinstance(found, type):
-        return None, f"is a {type(found).__name__}, not a class"
-    return found, None
 
 
 def _hints(klass: type) -> dict[str, Any]:
