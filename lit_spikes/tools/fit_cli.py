@@ -489,7 +489,7 @@ class LitSpikesCLI(LightningCLI):
             root = Path(config["trainer"]["default_root_dir"]).resolve()
             if subcommand == "fit":  # validate may take any settings
                 requeue = root == run_dir.resolve()
-                problem = record_problem(record, config, run_dir / RECORD_NAME, requeue)
+                problem = record_problem(record, config, run_dir / RECORD_NAME, requeue, recorded)
                 if problem is not None:
                     self.parser.error(problem)
 

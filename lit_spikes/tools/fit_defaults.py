@@ -36,7 +36,13 @@ RECORDED_TRAINER = (
     "check_val_every_n_epoch",
     "num_sanity_val_steps",
     "accumulate_grad_batches",
+    "gradient_clip_val",
     "gradient_clip_algorithm",
+    "overfit_batches",
+    "sync_batchnorm",
+    "use_distributed_sampler",
+    "reload_dataloaders_every_n_epochs",
+    "benchmark",
     "precision",
     "deterministic",
     "accelerator",
@@ -47,9 +53,10 @@ RECORDED_TRAINER = (
     "enable_progress_bar",
     "enable_model_summary",
 )
-"""The Trainer settings of the record that decide what a resumed run trains: its length
-and numerics. Not the run directory (the resume's own), the callbacks (``fit_cli`` takes
-them from the same file) nor the clipping (from the checkpoint)."""
+"""The Trainer settings of the record that decide what a resumed run trains: its length,
+numerics and clipping (the checkpoint's clipping goes over it: ``fit_cli``). Not the run
+directory (the resume's own) nor the callbacks (``fit_cli`` takes them from the same file;
+a requeue that adds one is refused: ``added_callbacks``)."""
 
 RECORD_NAME = run_record.RECORD_NAME
 
@@ -255,15 +262,40 @@ def requeue_conflicts(saved: Mapping[str, Any], config: Any) -> list[str]:
     ]
 
 
+def added_callbacks(record: Mapping[str, Any], config: Any) -> list[str]:
+    """``"--trainer.callbacks+=<class> (the record's: [...])"`` for each callback the parsed
+    ``config`` gives that the run's ``record`` (its config.yaml) does not list with the same
+    settings: an EarlyStopping added on a requeue stops another run. (A requeue's defaults
+    hold none of the record's callbacks yet: the resume takes them with the checkpoint.)"""
+    from lit_spikes.tools.command_line import as_plain
+
+    trainer = record.get("trainer")
+    listed = trainer.get("callbacks") if isinstance(trainer, Mapping) else None
+    recorded = [plain_config(entry) for entry in listed or []]
+    given = [plain_config(as_plain(entry)) for entry in config["trainer"].get("callbacks") or []]
+    names = [_class_path(entry) or repr(entry) for entry in recorded]
+    added = [_class_path(entry) or repr(entry) for entry in given if entry not in recorded]
+    return [
+        f"--trainer.callbacks+={name}{' with other settings' if name in names else ''} "
+        f"(the record's: {', '.join(names) or 'none'})"
+        for name in added
+    ]
+
+
 def record_problem(
-    saved: Mapping[str, Any], config: Any, record: Path, requeue: bool
+    saved: Mapping[str, Any],
+    config: Any,
+    record: Path,
+    requeue: bool,
+    recorded: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Why a fit cannot go on from the run ``record`` describes (None: it can): a requeue
-    (into the run's own directory) asking for another run (``requeue_conflicts``); a
+    (into the run's own directory) asking for another run (``requeue_conflicts``, and
+    ``added_callbacks`` of the ``recorded`` config.yaml); a
     resume elsewhere with another module class, whose weights would load into it without
     a word where the shapes match."""
     if requeue:
-        conflicts = requeue_conflicts(saved, config)
+        conflicts = requeue_conflicts(saved, config) + added_callbacks(recorded or {}, config)
         if not conflicts:
             return None
         return (

@@ -105,11 +105,13 @@ OTHER_RUNS = {
         ("--model.dropout", "0.0", "0.3"),
         ("--data.batch_size", "2", "8"),
         ("--trainer.precision", "32-true", "'64-true'"),
+        ("--trainer.gradient_clip_val", "0.5", "None"),
     ],
     "demo": [
         ("--model.optim.peak_lr", "0.5", "0.1"),
         ("--data.config.batch_size", "2", "4"),
         ("--checkpoint_every", "5", "10"),
+        ("--trainer.gradient_clip_val", "0.5", "None"),
     ],
 }
 """Each a requeue asking for another run: the setting, the value given, the record's."""
@@ -151,7 +153,13 @@ def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # typ
         assert f"{flag}={shown}" in err, err
         assert f"(the record's: {recorded})" in err and "another --trainer.default_root_dir" in err
         assert snapshot(root) == before, f"{flag} wrote into the run directory"
-    main([*requeue, *QUIET])  # the plain requeue still works
+    # A callback the record does not list (it would stop or steer another run)
+    stop = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+    err = refusal(capsys, *requeue, stop, "--trainer.callbacks.monitor=val_loss")
+    assert f"{stop} (the record's: tests.modules.killer.KillAtStep)" in err, err
+    assert snapshot(root) == before
+    # The plain requeue still works; so does the job's command with its callback again
+    main([*requeue, *QUIET, "--trainer.callbacks+=tests.modules.killer.KillAtStep"])
     assert_same_run(whole, root)
     # What a requeue may change is applied and recorded: the run extended to step 50
     main([*requeue, *QUIET, "--trainer.max_steps", "50", "--trainer.log_every_n_steps", "2"])
