@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import lightning
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
@@ -21,40 +19,20 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lit_spikes.loader import StepLoader
+from lit_spikes.randomness import (
+    BETWEEN,
+    EPOCH,
+    STEP,
+    VALIDATION,
+    derive,
+    seed_all,
+)
 from lit_spikes.stacklevel import outside_lightning
 
 STATE_KEY = "ExactResume{}"
 """Where a checkpoint holds ExactResume's state (``checkpoint["callbacks"][STATE_KEY]``)."""
 CUBLAS_WORKSPACE = ":4096:8"
 """``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS (PyTorch's reproducibility notes)."""
-
-
-def collect_rng_states() -> dict[str, Any]:
-    """torch (CPU, and each CUDA device once CUDA is initialized), Python and NumPy RNG
-    states in plain types (``torch.load(weights_only=True)`` reads them)."""
-    version, internal, gauss = random.getstate()
-    state = np.random.get_state(legacy=True)
-    assert isinstance(state, tuple)  # legacy=True: (kind, keys, pos, has_gauss, cached)
-    kind, keys, pos, has_gauss, cached = state
-    states: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what ``collect_rng_states`` returned."""
-    torch.set_rng_state(states["torch"])
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def flush_denormal_enabled() -> bool:
@@ -276,21 +254,19 @@ def refuse_a_second_fit(trainer: pl.Trainer) -> None:
 
 
 class ExactResume(Callback):
-    """Makes a run resumed from a checkpoint draw what the uninterrupted run drew.
+    """Makes a run a pure function of (seed, step): resumed from any of its files, or
+    watched by any checkpoint cadence or validation, it draws what the run alone drew.
 
-    Lightning saves no RNG state: a module with dropout (or any random draw in training)
-    resumed from a ``.ckpt`` draws other masks than the run that went on. This callback
-    saves the torch (CPU, and each CUDA device), Python and NumPy RNG states of every
-    rank (every rank draws its own; only rank 0 writes the file) and restores each rank's
-    at the start of the first step, after everything else of the resume drew. Whatever
-    is drawn between a checkpoint and the next step (a validation with random draws, a
-    hook) is not in the training stream: from the next step's start the uninterrupted run
-    goes on from the checkpoint's states too, as a resume from it does (Lightning's resume
-    skips that validation). The first ``state_dict()`` between two steps fixes those
-    states; every later call there (a second ModelCheckpoint after the validation, a
-    resume check, a user) returns the same, so every file written at one step resumes
-    alike. A save inside a step (Lightning's ``on_exception`` checkpoint) holds the states
-    of that step's start. It also:
+    Lightning saves no RNG state, and whatever draws between two steps (a validation, a
+    hook, a checkpoint's save) moves the stream the next step draws from. This callback
+    sets the torch (CPU, and each CUDA device), Python and NumPy RNGs at each step's start
+    from a derivation of (seed, global step, micro-batch, rank), and from other domains of
+    the same key after the step (what runs between steps), at each validation's start
+    and at each epoch's start (``lit_spikes.randomness``). Nothing is rewound and no RNG
+    state is saved: a file holds each rank's seed, and a resume from it, or a save inside
+    a step (Lightning's ``on_exception`` checkpoint), draws the same from the next step's
+    start. The seed is ``torch.initial_seed()`` at the first step (what ``seed_everything``
+    or ``torch.manual_seed`` set last), or the checkpoint's. It also:
 
     - records a fingerprint (torch and Lightning versions, the CPU's SIMD kernels, CPU
       threads, subnormal flushing, device and GPU, world size, precision, deterministic
@@ -334,10 +310,7 @@ class ExactResume(Callback):
             raise ValueError(f"deterministic={deterministic!r} must be True or False")
         self.deterministic = deterministic
         self._trainer: pl.Trainer | None = None
-        self._pending: dict[str, Any] | None = None
-        self._rewind: dict[str, Any] | None = None
-        self._in_step = False
-        self._step_start: dict[str, Any] | None = None
+        self._seed: int | None = None
         self._restored = False
         self._loaded = False
         self._hook: RemovableHandle | None = None
@@ -349,8 +322,8 @@ class ExactResume(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._trainer, self._pending, self._restored = trainer, None, False
-        self._loaded, self._rewind = False, None  # nothing of an earlier fit carries over
+        self._trainer, self._seed, self._restored = trainer, None, False
+        self._loaded = False  # nothing of an earlier fit carries over
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -377,30 +350,28 @@ class ExactResume(Callback):
             if wider and tensor.is_floating_point() and tensor.dtype != torch.float64:
                 tensor.data = tensor.data.to(torch.float64)
 
+    def _run_seed(self) -> int:
+        """This rank's seed: the checkpoint's, else fixed now from ``torch.initial_seed()``
+        (at the first step: after the module's ``on_train_start`` may have seeded)."""
+        if self._seed is None:
+            self._seed = torch.initial_seed()
+        return self._seed
+
+    def _seed_for(self, domain: int, *key: int) -> None:
+        trainer = self._trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        seed_all(derive(self._run_seed(), domain, *key, rank))
+
     @override
     def state_dict(self) -> dict[str, Any]:
-        # A save inside a step (Lightning's on_exception checkpoint) resumes that step: it
-        # must draw again what the step drew, from its start.
-        if self._in_step and self._step_start is not None:
-            states = self._step_start
-        else:
-            # What a resume from this file draws next, the uninterrupted run draws too: the
-            # first call between two steps fixes the states the next step starts from
-            # (whatever validation or a hook draws before it: a resume fast-forwards past
-            # them), and every later call there (a second checkpoint callback after the
-            # validation, a resume check, a user) returns the same: all files at one step
-            # hold one state. A resume's restored states are the ones fixed at its start.
-            if self._rewind is None:
-                self._rewind = collect_rng_states()
-            states = self._rewind
         trainer = self._trainer
-        by_rank: list[Any] = [states]
+        by_rank: list[Any] = [self._run_seed()]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Every rank builds the checkpoint (this runs on each: a collective), rank 0
-            # writes it: each rank's states go in, by rank.
+            # writes it: each rank's seed goes in, by rank.
             by_rank = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(by_rank, states)
-        return {"rng_by_rank": by_rank, "fingerprint": fingerprint(trainer)}
+            torch.distributed.all_gather_object(by_rank, self._run_seed())
+        return {"seed_by_rank": by_rank, "fingerprint": fingerprint(trainer)}
 
     @override
     def on_load_checkpoint(
@@ -412,14 +383,21 @@ class ExactResume(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         trainer = self._trainer
         rank = trainer.global_rank if trainer is not None else 0
-        by_rank = state_dict["rng_by_rank"]
         self._restored = True
-        self._pending = by_rank[rank] if rank < len(by_rank) else None
-        if self._pending is None:
+        if "seed_by_rank" not in state_dict:  # written before the per-step seeds
             warnings.warn(
-                f"ExactResume: the checkpoint holds the RNG states of {len(by_rank)} "
-                f"process(es), none for rank {rank}: this rank goes on with its own RNG "
-                "states, so its random draws (dropout) are not those of any earlier run",
+                "ExactResume: the checkpoint holds RNG states of an earlier lit-spikes, not "
+                "the run's seed: the resumed run draws from per-step seeds of "
+                "torch.initial_seed(), not what the run that wrote it would have drawn",
+                stacklevel=2,
+            )
+        by_rank = state_dict.get("seed_by_rank", [])
+        self._seed = by_rank[rank] if rank < len(by_rank) else None
+        if self._seed is None and by_rank:
+            warnings.warn(
+                f"ExactResume: the checkpoint holds the seeds of {len(by_rank)} "
+                f"process(es), none for rank {rank}: this rank draws from its own seed, so "
+                "its random draws (dropout) are not those of any earlier run",
                 stacklevel=2,
             )
         differ = fingerprint_differences(state_dict["fingerprint"], fingerprint(trainer))
@@ -443,15 +421,13 @@ class ExactResume(Callback):
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
         for text in plateau_warnings(trainer) + (position_warnings(trainer) if resumed else []):
             warnings.warn(text, stacklevel=outside_lightning())
-        if resumed and self._pending is None and not self._restored:
+        if resumed and not self._restored:
             warnings.warn(
                 f"ExactResume: the fit starts at step {trainer.global_step} from a "
-                "checkpoint without ExactResume's state (RNG states): its random draws "
+                "checkpoint without ExactResume's state (the run's seed): its random draws "
                 "(dropout) are not those of the run that wrote it",
                 stacklevel=2,
             )
-        # Put back at the first step's start, after every hook of the fit's start drew.
-        self._rewind, self._pending = self._pending, None
 
     @staticmethod
     def _seek(trainer: pl.Trainer) -> None:
@@ -462,6 +438,9 @@ class ExactResume(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._seek(trainer)  # a loader built anew for the epoch (reload_dataloaders_every_n)
+        # A shuffling DataLoader draws its epoch's order from torch's RNG right after this
+        # hook (from the second epoch on): keyed by the epoch, not by what ran before.
+        self._seed_for(EPOCH, trainer.current_epoch)
 
     @override
     def on_train_batch_start(
@@ -477,14 +456,27 @@ class ExactResume(Callback):
                     "optimization, or the loader iterated outside the fit). StepLoader "
                     "serves the batch of each global step: advance it once per batch"
                 )
-        if self._rewind is not None:
-            set_rng_states(self._rewind)
-            self._rewind = None
-        self._in_step, self._step_start = True, collect_rng_states()
+        self._seed_for(STEP, trainer.global_step, batch_idx % trainer.accumulate_grad_batches)
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self._in_step = False  # before Lightning's ModelCheckpoint saves (it runs last)
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:  # fmt: skip
+        # What runs from here to the next step's start (the module's own hook, a
+        # checkpoint, a validation's loader) draws from a stream of this step's key: the
+        # same whatever watches the run, and the next step starts from its own anyway.
+        micro = batch_idx % trainer.accumulate_grad_batches
+        self._seed_for(BETWEEN, trainer.global_step, micro)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # validation_step's draws (dropout left on, a sampled metric): the same validation
+        # at a step whichever interval or checkpoint brought it. The sanity check (inside
+        # Lightning's isolate_rng, before the first step) is keyed without fixing the seed.
+        seed = self._seed if self._seed is not None else torch.initial_seed()
+        rank = trainer.global_rank
+        seed_all(derive(seed, VALIDATION, trainer.global_step, rank))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

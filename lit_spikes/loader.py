@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from lit_spikes.randomness import ROW, derive, kept_rng_states, seed_all
+
 _MASK64 = 2**64 - 1
 
 
@@ -110,16 +112,37 @@ def check_shard(batch_size: int, rank: int, world_size: int, name: str = "batch_
         )
 
 
-class _StepSampler(Sampler[list[int]]):
-    """The dataset indices of this rank's rows, step after step from ``start``."""
+RowKey = tuple[int, int, int]
+"""(data position, the row's slot in the global batch, dataset index)."""
+
+
+class _KeyedRows(Dataset[Any]):
+    """``dataset``'s rows, each read with the process's RNGs set from (seed, data
+    position, the row's slot in the global batch): augmentation in ``__getitem__`` draws
+    the same whichever rank, worker or resume reads the row."""
+
+    def __init__(self, dataset: Dataset[Any], seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __getitem__(self, key: RowKey) -> Any:
+        position, slot, index = key
+        seed_all(derive(self.seed, ROW, position, slot))
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
+class _StepSampler(Sampler[list[RowKey]]):
+    """The keys of this rank's rows, step after step from ``start``."""
 
     def __init__(self, loader: StepLoader, start: int, rank: int, world_size: int) -> None:
         self.loader, self.start, self.rank, self.world_size = loader, start, rank, world_size
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[RowKey]]:
         step = self.start
         while True:
-            yield self.loader.rows_of_step(step, self.rank, self.world_size)
+            yield self.loader.keys_of_step(step, self.rank, self.world_size)
             step += 1
 
 
@@ -143,9 +166,16 @@ class StepLoader:
     ``[r * b, (r + 1) * b)`` of it (``b = batch_size // world_size``), so the data of a
     step does not depend on the world size.
 
+    Each row is read with torch's, Python's and NumPy's RNGs set from (``seed``, data
+    position, the row's slot in the global batch), so random augmentation in
+    ``__getitem__`` is part of the pure function too, whatever the worker count, the rank
+    or a resume; read in this process, the RNGs are put back afterwards. (Rows are read
+    one by one: a dataset's ``__getitems__`` is not called.)
+
     Args:
         dataset: any map-style dataset (``__getitem__`` and ``__len__``); its item must be a
-            function of the index for the batches to be reproducible.
+            function of the index and of the global RNGs' draws for the batches to be
+            reproducible.
         batch_size: rows per step, summed over all processes.
         seed: with the epoch, the only input of the order.
         shuffle: permute each data epoch (False: the dataset's order every epoch).
@@ -214,6 +244,7 @@ class StepLoader:
         self.next_step = 0
         """The global step whose batch comes next."""
         self._orders: dict[int, np.ndarray[Any, Any]] = {}
+        self._keyed = _KeyedRows(dataset, seed)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -259,10 +290,21 @@ class StepLoader:
         rows: list[int] = self.order(epoch)[start : start + share].tolist()
         return rows
 
+    def keys_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> list[RowKey]:
+        """(data position, slot in the global batch, dataset index) of rank ``rank``'s rows
+        of ``step``: what each row's read is keyed by."""
+        first = rank * (self.batch_size // world_size)
+        position = self.position_of_step(step)
+        rows = self.rows_of_step(step, rank, world_size)
+        return [(position, first + j, index) for j, index in enumerate(rows)]
+
     def batch_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> Any:
-        """Rank ``rank``'s batch of global step ``step``, collated, in this process."""
+        """Rank ``rank``'s batch of global step ``step``, collated, in this process (whose
+        RNGs it leaves as they were)."""
         collate = self.collate_fn or torch.utils.data.default_collate
-        return collate([self.dataset[i] for i in self.rows_of_step(step, rank, world_size)])
+        keys = self.keys_of_step(step, rank, world_size)
+        with kept_rng_states():
+            return collate([self._keyed[key] for key in keys])
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: nothing is read before the first batch is asked for, after Lightning
@@ -288,7 +330,7 @@ class StepLoader:
         if self.num_workers == 0:
             return (self.batch_of_step(s, rank, world_size) for s in itertools.count(step))
         loader = DataLoader(
-            self.dataset,
+            self._keyed,
             batch_sampler=_StepSampler(self, step, rank, world_size),
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,

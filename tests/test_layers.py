@@ -32,7 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SEAM = "lit_spikes.tools.defaults"
 
 
-LIBRARY = ("lit_spikes", "lit_spikes.loader", "lit_spikes.checkpoints", "lit_spikes.stacklevel")
+LIBRARY = (
+    "lit_spikes",
+    "lit_spikes.loader",
+    "lit_spikes.checkpoints",
+    "lit_spikes.randomness",
+    "lit_spikes.stacklevel",
+)
 
 
 LIBRARY_PACKAGES = ("lit_spikes.testing", "lit_spikes.callbacks")

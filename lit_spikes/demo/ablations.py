@@ -12,7 +12,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks.exact_resume import STATE_KEY, collect_rng_states
+from lit_spikes.callbacks.exact_resume import STATE_KEY
+from lit_spikes.randomness import derive
 
 
 class ForgetOptimizerState(Callback):
@@ -32,8 +33,9 @@ class ForgetOptimizerState(Callback):
 
 
 class ForgetRNGState(Callback):
-    """Resume without restoring the torch/Python/NumPy RNG states of the checkpoint: the
-    process goes on with the states it has (ExactResume restores them as they are now)."""
+    """Resume without the checkpoint's seed: every step from the resume on draws from
+    another seed's per-step streams, as a resume that kept no RNG state draws from
+    whatever the process holds."""
 
     @override
     def on_load_checkpoint(
@@ -42,4 +44,4 @@ class ForgetRNGState(Callback):
         # Runs before any callback's load_state_dict reads this same dict.
         state = checkpoint.get("callbacks", {}).get(STATE_KEY)
         if state is not None:
-            state["rng_by_rank"] = [collect_rng_states()] * len(state["rng_by_rank"])
+            state["seed_by_rank"] = [derive(seed, 1) for seed in state["seed_by_rank"]]

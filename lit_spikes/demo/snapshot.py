@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_spikes.callbacks.exact_resume import collect_rng_states, set_rng_states
+from lit_spikes.randomness import collect_rng_states, set_rng_states
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import lit_spikes.loader as loader_module
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import BatchSkipper, ExactResume, RollbackRestore
+from tests.modules.drawing_runs import NoisyRows
 from tests.modules.guarantee_modules import (
     AdamWRegressor,
     MomentumRegressor,
@@ -113,6 +115,40 @@ def test_each_rank_takes_its_rows_of_the_global_batch() -> None:
     assert halves[0] + halves[1] == data.rows_of_step(5)
     with pytest.raises(ValueError, match="must divide by world_size=3"):
         data.rows_of_step(5, 0, 3)
+
+
+def test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it() -> None:
+    """Issue 53: a row's draws in ``__getitem__`` (torch, NumPy, random) come from (seed,
+    data position, slot in the global batch): the same under 2 ranks as under 1, in
+    workers as in this process, at any reseeding of the global RNGs; this process's RNGs
+    are left as they were; another seed or step draws otherwise."""
+    data = StepLoader(NoisyRows(), batch_size=8, seed=5)
+    torch.manual_seed(0)
+    whole = data.batch_of_step(7)
+    after = torch.rand(2)
+    torch.manual_seed(0)
+    halves = [data.batch_of_step(7, rank, 2) for rank in (0, 1)]
+    assert torch.equal(torch.rand(2), after)  # the reads drew nothing from the global RNG
+    assert torch.equal(torch.cat([halves[0][0], halves[1][0]]), whole[0])
+    torch.manual_seed(123)
+    assert torch.equal(data.batch_of_step(7)[0], whole[0])
+    in_workers = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=2)
+    assert torch.equal(next(in_workers.iter_from(7))[0], whole[0])
+    assert not torch.equal(data.batch_of_step(1)[0], data.batch_of_step(7)[0])
+    rows = data.rows_of_step(7)
+    plain = torch.stack([NoisyRows().x[i] for i in rows])
+    assert not torch.allclose(whole[0], plain)  # (the rows are augmented at all)
+
+
+def test_without_keyed_reads_a_row_augments_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control: with the loader's per-row seeds off, a row's augmentation
+    draws from whatever state the reading process holds."""
+    monkeypatch.setattr(loader_module, "seed_all", lambda seed: None)
+    data = StepLoader(NoisyRows(), batch_size=8, seed=5)
+    torch.manual_seed(0)
+    first = data.batch_of_step(7)[0]
+    torch.manual_seed(1)
+    assert not torch.equal(data.batch_of_step(7)[0], first)
 
 
 @pytest.mark.filterwarnings(NO_EXACT_RESUME)  # the StepLoader refuses, without ExactResume

@@ -1,0 +1,108 @@
+"""Randomness as a pure function of a key: the process's RNGs (torch CPU and CUDA, Python,
+NumPy) set from a counter-based derivation of (seed, what draws, step, ...), so that no RNG
+state needs saving and nothing drawn elsewhere leaks into a keyed draw.
+
+``ExactResume`` keys each training step by (seed, step, micro-batch, rank), what runs
+between two steps by (seed, step, micro-batch, rank) in another domain, each validation by
+(seed, step, rank) and each epoch's start by (seed, epoch, rank); ``StepLoader`` keys each
+row it reads by (its seed, step, the row's slot in the global batch).
+docs/how-it-works.md says what this changes for a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+_MASK64 = 2**64 - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+STEP = 1
+"""Domain of a training step's draws (its batch start hooks, forward, backward, step)."""
+BETWEEN = 2
+"""Domain of what runs after a step and before the next (hooks, a checkpoint's save)."""
+VALIDATION = 3
+"""Domain of a validation's draws (its start hooks on: ``validation_step``'s)."""
+EPOCH = 4
+"""Domain of an epoch's start (a shuffling loader's order is drawn there)."""
+ROW = 5
+"""Domain of the draws made while a dataset row is read (augmentation in ``__getitem__``)."""
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def derive(seed: int, *key: int) -> int:
+    """A 64-bit seed from ``seed`` and the non-negative integers of ``key``, each folded in
+    by splitmix64: two keys that differ anywhere give unrelated seeds."""
+    x = _mix64((seed * _GOLDEN) & _MASK64)
+    for word in key:
+        x = _mix64((x + _GOLDEN + word * 0xD1B54A32D192ED03) & _MASK64)
+    return x
+
+
+def seed_all(seed64: int) -> None:
+    """Set torch's CPU (and, once CUDA is initialized, every CUDA device's), Python's and
+    NumPy's global RNG from one 64-bit seed.
+
+    torch's CPU generator keeps only the low 32 bits of a seed (two of ~77,000 keys share a
+    stream with even odds: docs/how-it-works.md); CUDA's Philox, Python's and NumPy's take
+    all 64. ``torch.manual_seed`` is not used: it costs ~150 us a call on a CPU build (it
+    seeds every device type), the generator's own ``manual_seed`` ~2 us.
+    """
+    low, high = seed64 & 0xFFFFFFFF, seed64 >> 32
+    torch.default_generator.manual_seed(low)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.manual_seed_all(seed64)  # sets each device's seed: no host sync
+    random.seed(seed64)
+    np.random.seed([low, high])
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """torch (CPU, and each CUDA device once CUDA is initialized), Python and NumPy RNG
+    states in plain types (``torch.load(weights_only=True)`` reads them)."""
+    version, internal, gauss = random.getstate()
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)  # legacy=True: (kind, keys, pos, has_gauss, cached)
+    kind, keys, pos, has_gauss, cached = state
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what ``collect_rng_states`` returned."""
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def kept_rng_states() -> Iterator[None]:
+    """Whatever is seeded and drawn inside leaves the process's CPU RNGs (torch, Python,
+    NumPy) as they were. (CUDA's are left alone: a dataset's read runs on the host.)"""
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])

@@ -1,0 +1,87 @@
+"""Nothing that watches a run changes it (issue 53): with ExactResume the randomness of step
+k is derived from (seed, k), as its batch is, so a module that draws everywhere (dropout,
+augmentation in ``__getitem__``, its own hook, a validation that draws, clipping, an LR
+warm-up) ends ``torch.equal`` in every tensor and logged loss whatever checkpoints and
+validations watch it, and every file resumes that same run."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lit_spikes.callbacks.exact_resume as exact_resume
+from tests.modules.drawing_runs import Ended, Watch, differences, fit_drawing
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The number of training batches:UserWarning",  # Lightning's logging interval
+)
+WATCHES = {
+    "a file every 2 steps": Watch(every=2),
+    "a file every 5 steps": Watch(every=5),
+    "validation every 3 steps": Watch(val_every=3),
+    "validation every 4 steps, a file every 3": Watch(every=3, val_every=4),
+    "a monitor checkpoint": Watch(val_every=2, monitor=True),
+    "FinalCheckpoint": Watch(final=True, val_every=5),
+    "2 workers, a file every 4 steps": Watch(every=4, workers=2),
+}
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> Ended:
+    """The run nothing watches: no checkpoint, no validation."""
+    return fit_drawing(tmp_path_factory.mktemp("alone"), Watch())
+
+
+@pytest.mark.parametrize("name", sorted(WATCHES))
+def test_watching_a_run_does_not_change_it(alone: Ended, tmp_path: Path, name: str) -> None:
+    assert differences(alone, fit_drawing(tmp_path, WATCHES[name])) == [], name
+
+
+@pytest.mark.parametrize(("watch", "file"), [
+    (Watch(every=3, val_every=2), "step=6.ckpt"),  # a file of a validating step
+    (Watch(every=3, val_every=2), "step=9.ckpt"),
+    (Watch(every=5, workers=2), "step=5.ckpt"),
+])  # fmt: skip
+def test_every_file_resumes_the_run_nothing_watched(
+    alone: Ended, tmp_path: Path, watch: Watch, file: str
+) -> None:
+    fit_drawing(tmp_path / "first", watch)
+    resumed = fit_drawing(tmp_path / "resumed", watch, ckpt=tmp_path / "first" / "every" / file)
+    step = int(file.removeprefix("step=").removesuffix(".ckpt"))
+    assert len(resumed.losses) == 12 - step
+    assert differences(alone, resumed) == []
+
+
+def test_without_the_per_step_seeds_a_validation_changes_the_run(
+    alone: Ended, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: with ExactResume's derivation turned off, the validation's
+    draws move the stream the next steps draw from (as in a plain Lightning run)."""
+    monkeypatch.setattr(exact_resume, "seed_all", lambda seed: None)
+    assert differences(alone, fit_drawing(tmp_path, Watch(val_every=3))) != []
+
+
+@st.composite
+def watched(draw: st.DrawFn) -> tuple[Watch, int | None]:
+    every = draw(st.sampled_from([None, 2, 3, 5]))
+    val_every = draw(st.sampled_from([None, 2, 3, 4]))
+    resume_at = draw(st.sampled_from([None, *range(every, 12, every)])) if every else None
+    return Watch(every=every, val_every=val_every), resume_at
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(watched())
+def test_any_cadence_validation_and_resume_give_one_run(
+    alone: Ended, case: tuple[Watch, int | None]
+) -> None:
+    watch, resume_at = case
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        assert differences(alone, fit_drawing(root / "watched", watch)) == [], watch
+        if resume_at is not None:
+            file = root / "watched" / "every" / f"step={resume_at}.ckpt"
+            assert differences(alone, fit_drawing(root / "resumed", watch, ckpt=file)) == []

@@ -1,0 +1,165 @@
+"""A module that draws random numbers everywhere a real one does, for the invariance tests
+(issue 53): dropout, noise in the dataset's ``__getitem__`` (torch, NumPy and Python's
+``random``), its own ``on_train_batch_end``, a validation with dropout left on and a
+sampled metric, clipping and a warm-up LR schedule. ``fit_drawing`` trains it watched in
+any of the ways a user watches a run."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lit_spikes import StepLoader
+from lit_spikes.callbacks import ExactResume
+from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
+
+FEATURES = 6
+
+
+class NoisyRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A fixed regression problem whose rows are augmented at each read."""
+
+    def __init__(self, rows: int = 48, seed: int = 1) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(rows, FEATURES, generator=generator)
+        self.w = torch.randn(FEATURES, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = 1.0 + 0.1 * random.random() + 0.1 * float(np.random.rand())
+        x = self.x[i] * scale + 0.05 * torch.randn(FEATURES)
+        return x, x @ self.w
+
+
+class DrawingNet(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1)
+        )
+        self.register_buffer("hook_draws", torch.zeros(()))
+        self.losses: list[torch.Tensor] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.detach().clone())
+        self.log("train_loss", loss)
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.hook_draws += torch.rand(())  # the module's own hooks draw too
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Drawn after the step's files (Lightning calls the callbacks' hook first): what
+        # it draws must not reach the next step. (State it changed would be missing from
+        # the step's file: issue 54's order, not the randomness.)
+        torch.rand(3), np.random.rand(2), random.random()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.net.train()  # dropout left on, as many validations have it by accident
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(())
+        self.log("val_loss", loss)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.02)
+        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How a run is watched: none of these may change what it trains."""
+
+    every: int | None = None
+    """A ModelCheckpoint every so many steps (its files in ``every/``)."""
+    val_every: int | None = None
+    """A validation every so many steps (None: none)."""
+    monitor: bool = False
+    """A ModelCheckpoint keeping the best val_loss (needs ``val_every``)."""
+    final: bool = False
+    """A FinalCheckpoint."""
+    workers: int = 0
+    """The StepLoader's workers."""
+
+
+@dataclass
+class Ended:
+    """What a run ended with: every parameter and buffer, every optimizer tensor, and the
+    training losses of the steps this fit trained."""
+
+    weights: dict[str, torch.Tensor]
+    optimizer: list[torch.Tensor]
+    losses: list[torch.Tensor]
+
+
+def fit_drawing(
+    root: Path,
+    watch: Watch,
+    steps: int = 12,
+    ckpt: Path | None = None,
+    extra: list[Callback] | None = None,
+) -> Ended:
+    pl.seed_everything(0, verbose=False)
+    callbacks: list[Callback] = [ExactResume(), *(extra or [])]
+    if watch.every:
+        callbacks.append(
+            ModelCheckpoint(
+                root / "every", "{step}", every_n_train_steps=watch.every, save_top_k=-1
+            )
+        )
+    if watch.monitor:
+        callbacks.append(ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss"))
+    if watch.final:
+        callbacks.append(FinalCheckpoint(root / "final", every_n_steps=5))
+    trainer = pl.Trainer(
+        max_steps=steps,
+        val_check_interval=watch.val_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=None if watch.val_every else 0,
+        num_sanity_val_steps=2,
+        gradient_clip_val=0.5,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    model = DrawingNet()
+    train = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=watch.workers)
+    val = DataLoader(NoisyRows(16, seed=2), batch_size=8)
+    trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
+    optimizer = trainer.optimizers[0].state_dict()["state"]
+    tensors = [
+        t.clone() for s in optimizer.values() for t in s.values() if isinstance(t, torch.Tensor)
+    ]
+    return Ended(
+        {k: v.detach().clone() for k, v in model.state_dict().items()}, tensors, model.losses
+    )
+
+
+def differences(a: Ended, b: Ended) -> list[str]:
+    """What differs between two ends (``torch.equal``), by name; losses compared over the
+    steps both trained, the last ones (a resume trains only the steps after its file)."""
+    found = [k for k in a.weights if not torch.equal(a.weights[k], b.weights[k])]
+    found += [
+        f"optimizer[{i}]"
+        for i, (x, y) in enumerate(zip(a.optimizer, b.optimizer, strict=True))
+        if not torch.equal(x, y)
+    ]
+    shared = min(len(a.losses), len(b.losses))
+    pairs = zip(a.losses[-shared:], b.losses[-shared:], strict=True)
+    found += [f"loss {i}" for i, (x, y) in enumerate(pairs) if not torch.equal(x, y)]
+    return found
