@@ -25,6 +25,7 @@ from lit_spikes.randomness import (
     STEP,
     VALIDATION,
     derive,
+    module_generators,
     seed_all,
 )
 from lit_spikes.stacklevel import outside_lightning
@@ -266,7 +267,9 @@ class ExactResume(Callback):
     state is saved: a file holds each rank's seed, and a resume from it, or a save inside
     a step (Lightning's ``on_exception`` checkpoint), draws the same from the next step's
     start. The seed is ``torch.initial_seed()`` at the first step (what ``seed_everything``
-    or ``torch.manual_seed`` set last), or the checkpoint's. It also:
+    or ``torch.manual_seed`` set last), or the checkpoint's. A ``torch.Generator`` the
+    module (or a submodule) holds as an attribute is keyed alike, from its own seed (its
+    ``initial_seed()`` when first seen, saved by its path). It also:
 
     - records a fingerprint (torch and Lightning versions, the CPU's SIMD kernels, CPU
       threads, subnormal flushing, device and GPU, world size, precision, deterministic
@@ -311,6 +314,9 @@ class ExactResume(Callback):
         self.deterministic = deterministic
         self._trainer: pl.Trainer | None = None
         self._seed: int | None = None
+        self._generators: dict[str, torch.Generator] | None = None
+        self._generator_seeds: dict[str, int] = {}
+        self._saved_generator_seeds: dict[str, int] | None = None
         self._restored = False
         self._loaded = False
         self._hook: RemovableHandle | None = None
@@ -324,6 +330,7 @@ class ExactResume(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer, self._seed, self._restored = trainer, None, False
         self._loaded = False  # nothing of an earlier fit carries over
+        self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -357,21 +364,54 @@ class ExactResume(Callback):
             self._seed = torch.initial_seed()
         return self._seed
 
+    def _module_generators(self) -> dict[str, torch.Generator]:
+        """The module's own ``torch.Generator`` attributes, found once a fit (after its
+        ``on_train_start``), each with the seed its draws derive from: the file's, else
+        its ``initial_seed()`` when first seen."""
+        trainer = self._trainer
+        if (
+            self._generators is None
+            and trainer is not None
+            and trainer.lightning_module is not None
+        ):
+            self._generators = module_generators(trainer.lightning_module)
+            saved = self._saved_generator_seeds
+            for path, generator in self._generators.items():
+                seed = (saved or {}).get(path)
+                self._generator_seeds[path] = generator.initial_seed() if seed is None else seed
+            if saved is not None:
+                for path in sorted(set(saved) ^ set(self._generators)):
+                    where = "the checkpoint's run" if path in saved else "this module"
+                    warnings.warn(
+                        f"ExactResume: only {where} has a torch.Generator '{path}': its draws "
+                        "are not those of the run that wrote the checkpoint",
+                        stacklevel=outside_lightning(),
+                    )
+        return self._generators or {}
+
     def _seed_for(self, domain: int, *key: int) -> None:
+        """The process's RNGs and the module's generators set from this key."""
         trainer = self._trainer
         rank = trainer.global_rank if trainer is not None else 0
         seed_all(derive(self._run_seed(), domain, *key, rank))
+        for path, generator in self._module_generators().items():
+            generator.manual_seed(derive(self._generator_seeds[path], domain, *key, rank))
 
     @override
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
-        by_rank: list[Any] = [self._run_seed()]
+        mine = (self._run_seed(), {p: self._generator_seeds[p] for p in self._module_generators()})
+        by_rank: list[Any] = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Every rank builds the checkpoint (this runs on each: a collective), rank 0
-            # writes it: each rank's seed goes in, by rank.
+            # writes it: each rank's seeds go in, by rank.
             by_rank = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(by_rank, self._run_seed())
-        return {"seed_by_rank": by_rank, "fingerprint": fingerprint(trainer)}
+            torch.distributed.all_gather_object(by_rank, mine)
+        return {
+            "seed_by_rank": [seed for seed, _ in by_rank],
+            "generator_seeds_by_rank": [generators for _, generators in by_rank],
+            "fingerprint": fingerprint(trainer),
+        }
 
     @override
     def on_load_checkpoint(
@@ -393,6 +433,8 @@ class ExactResume(Callback):
             )
         by_rank = state_dict.get("seed_by_rank", [])
         self._seed = by_rank[rank] if rank < len(by_rank) else None
+        generators = state_dict.get("generator_seeds_by_rank", [])
+        self._saved_generator_seeds = dict(generators[rank]) if rank < len(generators) else None
         if self._seed is None and by_rank:
             warnings.warn(
                 f"ExactResume: the checkpoint holds the seeds of {len(by_rank)} "
@@ -434,6 +476,7 @@ class ExactResume(Callback):
         for loader in train_loaders(trainer):
             if isinstance(loader, StepLoader):  # no batch was fetched yet: it has a length
                 loader.seek(trainer.global_step)
+                loader.restores_rng = False  # each step's start sets the RNGs anyway
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -474,12 +517,17 @@ class ExactResume(Callback):
         # validation_step's draws (dropout left on, a sampled metric): the same validation
         # at a step whichever interval or checkpoint brought it. The sanity check (inside
         # Lightning's isolate_rng, before the first step) is keyed without fixing the seed.
-        seed = self._seed if self._seed is not None else torch.initial_seed()
-        rank = trainer.global_rank
-        seed_all(derive(seed, VALIDATION, trainer.global_step, rank))
+        if trainer.sanity_checking:  # the module's generators are found after on_train_start
+            seed = self._seed if self._seed is not None else torch.initial_seed()
+            seed_all(derive(seed, VALIDATION, trainer.global_step, trainer.global_rank))
+        else:
+            self._seed_for(VALIDATION, trainer.global_step)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for loader in train_loaders(trainer):
+            if isinstance(loader, StepLoader):
+                loader.restores_rng = True  # read outside this fit, it keeps them again
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

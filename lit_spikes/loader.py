@@ -169,8 +169,9 @@ class StepLoader:
     Each row is read with torch's, Python's and NumPy's RNGs set from (``seed``, data
     position, the row's slot in the global batch), so random augmentation in
     ``__getitem__`` is part of the pure function too, whatever the worker count, the rank
-    or a resume; read in this process, the RNGs are put back afterwards. (Rows are read
-    one by one: a dataset's ``__getitems__`` is not called.)
+    or a resume; read in this process, the RNGs are put back afterwards
+    (``restores_rng``). Rows are read one by one: a dataset's ``__getitems__`` is not
+    called.
 
     Args:
         dataset: any map-style dataset (``__getitem__`` and ``__len__``); its item must be a
@@ -245,6 +246,11 @@ class StepLoader:
         """The global step whose batch comes next."""
         self._orders: dict[int, np.ndarray[Any, Any]] = {}
         self._keyed = _KeyedRows(dataset, seed)
+        self.restores_rng = True
+        """Put this process's RNGs back after reading a batch here (``num_workers=0``), so
+        that the rows' keyed draws do not reach the training's. ``ExactResume`` turns it
+        off for the loaders of its fit: it sets every RNG at each step's start anyway, and
+        NumPy's state alone costs ~80 us to save and put back."""
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -303,6 +309,8 @@ class StepLoader:
         RNGs it leaves as they were)."""
         collate = self.collate_fn or torch.utils.data.default_collate
         keys = self.keys_of_step(step, rank, world_size)
+        if not self.restores_rng:
+            return collate([self._keyed[key] for key in keys])
         with kept_rng_states():
             return collate([self._keyed[key] for key in keys])
 

@@ -55,16 +55,17 @@ def seed_all(seed64: int) -> None:
     NumPy's global RNG from one 64-bit seed.
 
     torch's CPU generator keeps only the low 32 bits of a seed (two of ~77,000 keys share a
-    stream with even odds: docs/how-it-works.md); CUDA's Philox, Python's and NumPy's take
-    all 64. ``torch.manual_seed`` is not used: it costs ~150 us a call on a CPU build (it
-    seeds every device type), the generator's own ``manual_seed`` ~2 us.
+    stream with even odds: docs/how-it-works.md), and NumPy's global ``RandomState`` takes
+    an int of 32 bits (the high word here; an array of both costs 14 us a call against 2);
+    CUDA's Philox and Python's take all 64. ``torch.manual_seed`` is not used: it costs
+    ~150 us a call on a CPU build (it seeds every device type), the generator's own ~1 us.
     """
     low, high = seed64 & 0xFFFFFFFF, seed64 >> 32
     torch.default_generator.manual_seed(low)
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.manual_seed_all(seed64)  # sets each device's seed: no host sync
     random.seed(seed64)
-    np.random.seed([low, high])
+    np.random.seed(high)
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -106,3 +107,14 @@ def kept_rng_states() -> Iterator[None]:
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
+
+
+def module_generators(module: torch.nn.Module) -> dict[str, torch.Generator]:
+    """The ``torch.Generator`` attributes of ``module`` and its submodules, by dotted path
+    (``"gen"``, ``"encoder.noise_gen"``)."""
+    found: dict[str, torch.Generator] = {}
+    for name, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            if isinstance(value, torch.Generator):
+                found[f"{name}.{attr}" if name else attr] = value
+    return found

@@ -6,6 +6,12 @@ A plain Lightning Trainer on the default model (the demos' tiny GPT) with ``Step
 order, ms/step medians after the warm-up steps, the median of the per-repeat ratios.
 Target: at most 1.01x.
 
+Then the RNG work of one step, side by side: the design before per-step seeds
+(``collect_rng_states`` at each step's start, the states a save inside the step would
+hold) against the per-step seeds (two ``seed_all`` a step, the step's and the one after
+it, and one per row of the batch that ``StepLoader`` reads), in microseconds and as a
+share of the library's step.
+
     python scripts/bench_library.py [--steps 80] [--warmup 10] [--repeats 7]
 """
 
@@ -27,6 +33,14 @@ from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SpikeDetector
 from lit_spikes.demo.data import DataConfig, StepDataModule, collate_rows
 from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.randomness import (
+    BETWEEN,
+    ROW,
+    STEP,
+    collect_rng_states,
+    derive,
+    seed_all,
+)
 
 
 class _Bare(TinyGPTModule):
@@ -78,6 +92,29 @@ def ms_per_step(with_library: bool, steps: int, warmup: int) -> float:
     return 1000 * statistics.median(spans)
 
 
+def rng_work_us(rows: int, steps: int = 2000) -> tuple[float, float]:
+    """Microseconds of RNG work a step: (before, per-step seeds), each the median of 5
+    timings of ``steps`` steps, interleaved."""
+
+    def before() -> None:
+        collect_rng_states()
+
+    def per_step_seeds() -> None:  # under ExactResume: the rows' reads keep no states
+        for slot in range(rows):
+            seed_all(derive(5, ROW, 7, slot))
+        seed_all(derive(0, STEP, 7, 0, 0))
+        seed_all(derive(0, BETWEEN, 8, 0, 0))
+
+    timings: dict[str, list[float]] = {"before": [], "now": []}
+    for _ in range(5):
+        for name, work in (("before", before), ("now", per_step_seeds)):
+            start = time.perf_counter()
+            for _ in range(steps):
+                work()
+            timings[name].append(1e6 * (time.perf_counter() - start) / steps)
+    return statistics.median(timings["before"]), statistics.median(timings["now"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=80)
@@ -99,6 +136,14 @@ def main() -> None:
         f"{statistics.median(library):.2f} / {statistics.median(plain):.2f} ms/step, "
         f"ratio {statistics.median(ratios):.3f} (median of {args.repeats} interleaved pairs, "
         f"range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.01)"
+    )
+    rows = DataConfig().batch_size
+    before, now = rng_work_us(rows)
+    step_us = 1000 * statistics.median(library)
+    print(
+        f"RNG work a step ({rows} rows a batch): states collected at each step's start (before "
+        f"issue 53) {before:.1f} us ({100 * before / step_us:.2f}% of a step), per-step seeds "
+        f"{now:.1f} us ({100 * now / step_us:.2f}%); ratio {now / before:.2f}"
     )
 
 

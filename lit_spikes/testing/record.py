@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ProgressBar, Timer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from typing_extensions import override
 
+from lit_spikes.randomness import module_generators
+
 Snapshot = dict[str, dict[str, dict[str, Any]]]
 """component -> owner (what holds the state) -> item -> value (a CPU tensor or a primitive)."""
 
@@ -338,6 +340,8 @@ class Recorder(Callback):
         fields["loop.epoch"] = trainer.current_epoch
         fields["loop.batch_idx"] = batch_idx
         fields.update(rng_digests())
+        for path, generator in module_generators(pl_module).items():  # named, not "output"
+            fields[f"rng.torch.Generator '{path}' of the module"] = digest(generator.get_state())
 
     @override
     def on_before_optimizer_step(

@@ -54,7 +54,8 @@ FIXES = {
     "the data's length, accumulate_grad_batches and max_epochs the same for both halves",
     RNG: "add ExactResume (from lit_spikes.callbacks import ExactResume) to the Trainer's "
     "callbacks: Lightning does not save the RNG streams, so the randomness after the resume "
-    "(dropout, sampling, shuffling) is not the uninterrupted run's",
+    "(dropout, sampling, shuffling, a torch.Generator the module holds) is not the "
+    "uninterrupted run's",
 }
 
 NOT_REPRODUCIBLE = (

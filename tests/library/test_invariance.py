@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lit_spikes.callbacks.exact_resume as exact_resume
-from tests.modules.drawing_runs import Ended, Watch, differences, fit_drawing
+from tests.modules.drawing_runs import Ended, GeneratorNet, Watch, differences, fit_drawing
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The number of training batches:UserWarning",  # Lightning's logging interval
@@ -63,6 +63,30 @@ def test_without_the_per_step_seeds_a_validation_changes_the_run(
     draws move the stream the next steps draw from (as in a plain Lightning run)."""
     monkeypatch.setattr(exact_resume, "seed_all", lambda seed: None)
     assert differences(alone, fit_drawing(tmp_path, Watch(val_every=3))) != []
+
+
+def test_a_modules_own_generator_is_keyed_by_the_step_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``torch.Generator`` held by a submodule (drawn in training and in validation):
+    watched and resumed, the same run. The negative control: with ExactResume blind to
+    the module's generators, the resume draws from the generator as the new process built
+    it."""
+    watch = Watch(every=4, val_every=3)
+    alone = fit_drawing(tmp_path / "alone", Watch(), module=GeneratorNet)
+    assert differences(alone, fit_drawing(tmp_path / "run", watch, module=GeneratorNet)) == []
+    file = tmp_path / "run" / "every" / "step=4.ckpt"
+    resumed = fit_drawing(tmp_path / "resumed", watch, ckpt=file, module=GeneratorNet)
+    assert differences(alone, resumed) == []
+    with pytest.warns(
+        UserWarning, match="only the checkpoint's run has a torch.Generator 'noise.gen'"
+    ):
+        fit_drawing(tmp_path / "without", watch, ckpt=file)  # a module without it
+    monkeypatch.setattr(exact_resume, "module_generators", lambda module: {})
+    blind = fit_drawing(tmp_path / "blind", watch, module=GeneratorNet)
+    file = tmp_path / "blind" / "every" / "step=4.ckpt"
+    again = fit_drawing(tmp_path / "again", watch, ckpt=file, module=GeneratorNet)
+    assert differences(blind, again) != []
 
 
 @st.composite

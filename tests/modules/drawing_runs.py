@@ -79,6 +79,25 @@ class DrawingNet(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
 
 
+class GeneratorNet(DrawingNet):
+    """Draws from a ``torch.Generator`` of its own too (a noise layer's), in training and
+    in validation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise = nn.Module()
+        self.noise.gen = torch.Generator().manual_seed(11)  # type: ignore[assignment]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x = x + 0.1 * torch.randn(x.shape, generator=self.noise.gen)  # type: ignore[arg-type]
+        return super().training_step((x, y), batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        torch.rand(4, generator=self.noise.gen)  # type: ignore[arg-type]
+        super().validation_step(batch, batch_idx)
+
+
 @dataclass(frozen=True)
 class Watch:
     """How a run is watched: none of these may change what it trains."""
@@ -110,10 +129,10 @@ def fit_drawing(
     watch: Watch,
     steps: int = 12,
     ckpt: Path | None = None,
-    extra: list[Callback] | None = None,
+    module: type[DrawingNet] = DrawingNet,
 ) -> Ended:
     pl.seed_everything(0, verbose=False)
-    callbacks: list[Callback] = [ExactResume(), *(extra or [])]
+    callbacks: list[Callback] = [ExactResume()]
     if watch.every:
         callbacks.append(
             ModelCheckpoint(
@@ -137,7 +156,7 @@ def fit_drawing(
         enable_model_summary=False,
         default_root_dir=root,
     )
-    model = DrawingNet()
+    model = module()
     train = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=watch.workers)
     val = DataLoader(NoisyRows(16, seed=2), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)

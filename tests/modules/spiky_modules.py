@@ -28,11 +28,18 @@ FEATURES = 8
 
 class RegressionRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """``rows`` noisy samples of a fixed linear map (built from ``seed``); the targets of
-    ``poisoned`` rows are multiplied by ``factor``."""
+    ``poisoned`` rows are multiplied by ``factor``; ``augment`` adds noise of that scale to
+    a row's inputs at each read (drawn from the global torch RNG, as augmentation is)."""
 
     def __init__(
-        self, rows: int, seed: int = 0, poisoned: Sequence[int] = (), factor: float = 30.0
+        self,
+        rows: int,
+        seed: int = 0,
+        poisoned: Sequence[int] = (),
+        factor: float = 30.0,
+        augment: float = 0.0,
     ) -> None:
+        self.augment = augment
         generator = torch.Generator().manual_seed(seed)
         self.x = torch.randn(rows, FEATURES, generator=generator)
         w = torch.randn(FEATURES, 1, generator=generator)
@@ -44,6 +51,8 @@ class RegressionRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.augment:
+            return self.x[index] + self.augment * torch.randn(FEATURES), self.y[index]
         return self.x[index], self.y[index]
 
 
@@ -58,6 +67,7 @@ class StepRegressionData(pl.LightningDataModule):
         seed: the data's and the order's seed.
         poison: data positions whose rows are poisoned.
         factor: what their targets are multiplied by.
+        augment: the scale of the noise added to a row's inputs at each read.
     """
 
     def __init__(
@@ -67,12 +77,13 @@ class StepRegressionData(pl.LightningDataModule):
         seed: int = 0,
         poison: Sequence[int] = (),
         factor: float = 30.0,
+        augment: float = 0.0,
     ) -> None:
         super().__init__()
         order = StepLoader(RegressionRows(rows, seed), batch_size, seed=seed)
         poisoned = [r for p in poison for r in order.rows_of_step(p)]
         self.loader = StepLoader(
-            RegressionRows(rows, seed, poisoned, factor), batch_size, seed=seed
+            RegressionRows(rows, seed, poisoned, factor, augment), batch_size, seed=seed
         )
 
     def train_dataloader(self) -> StepLoader:

@@ -261,6 +261,24 @@ def test_a_resume_from_a_ckpt_equals_the_uninterrupted_run(
     assert whole.lightning_module.losses[RESUME_AT:] == resumed.lightning_module.losses
 
 
+def test_a_file_holding_rng_states_of_an_earlier_version_resumes_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    """Files written before the per-step seeds hold RNG states: they still resume (the
+    weights, the optimizer, the step), saying that the draws are not the old run's."""
+    train(tmp_path / "b", DropoutRegressor(), loader(), RESUME_AT, [ExactResume()])
+    path = tmp_path / "b" / f"step={RESUME_AT}.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    state = checkpoint["callbacks"]["ExactResume{}"]
+    for key in ("seed_by_rank", "generator_seeds_by_rank"):
+        del state[key]
+    state["rng_by_rank"] = [{"torch": torch.get_rng_state()}]
+    torch.save(checkpoint, path)
+    with pytest.warns(UserWarning, match="RNG states of an earlier lit-spikes"):
+        resumed = train(tmp_path / "c", DropoutRegressor(), loader(), STEPS, [ExactResume()], path)
+    assert resumed.global_step == STEPS
+
+
 class ValidationDraws(DropoutRegressor):
     """Validates on a shuffled loader and draws in validation_step (as a VAE does)."""
 

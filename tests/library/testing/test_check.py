@@ -503,6 +503,51 @@ def test_check_resume_passes_a_validation_that_draws_at_the_resume_step() -> Non
     )
 
 
+class GeneratorOwner(Net):
+    """Noise from a torch.Generator of its own (issue 53: check-resume said "training_step's
+    output" and never named it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return super().training_step((x + torch.randn(x.shape, generator=self.gen), y), batch_idx)
+
+
+class AugmentedRows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``rows()`` with noise drawn at each read (a flip or crop's kind)."""
+
+    def __init__(self) -> None:
+        self.rows = rows()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.rows[i]
+        return x + 0.1 * torch.randn(x.shape), y
+
+
+def augmented_data() -> StepLoader:
+    return StepLoader(AugmentedRows(), batch_size=8, seed=0)
+
+
+def test_a_modules_generator_is_named_and_exact_resume_keys_it() -> None:
+    report = check_resume(GeneratorOwner, step_data, steps=STEPS, resume_at=RESUME_AT)
+    assert report.first is not None and report.first.component == "RNG"
+    assert "torch.Generator 'gen' of the module" in report.first.item
+    exact_report = check_resume(GeneratorOwner, step_data, exact, steps=STEPS, resume_at=RESUME_AT)
+    assert exact_report.exact, exact_report.first
+
+
+def test_augmentation_in_a_step_loaders_dataset_resumes_exactly() -> None:
+    """Issue 53: check-resume said "data differs" and advised StepLoader, which the
+    module used: the rows are now read with keyed RNGs."""
+    assert_resumes_exactly(DropoutNet, augmented_data, exact, steps=STEPS, resume_at=RESUME_AT)
+
+
 def test_the_command_sets_a_module_up_as_fit_does(capsys: pytest.CaptureFixture[str]) -> None:
     """A user's module with dropout and no ExactResume of its own: ``lit-spikes fit`` adds
     one and resumes it exactly (tools/test_fit_own_module.py), so the check passes it too,

@@ -102,6 +102,17 @@ def test_poisoned_data_positions_are_data_caused(tmp_path: Path) -> None:
     assert earlier.earlier.bit_equal, earlier.evidence
 
 
+def test_poisoned_data_augmented_at_each_read_is_data_caused(tmp_path: Path) -> None:
+    """Issue 53: with noise drawn in ``__getitem__`` the replay read other rows than the
+    run had, and diagnose called the poisoned batch a hardware fault. The rows are read
+    with keyed RNGs now: the replay is the run, to the bit."""
+    data = functools.partial(StepRegressionData, poison=[SPIKE], augment=0.05)
+    run = original_run(tmp_path, "augmented", JumpRegressor(), data())
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=JumpRegressor, data=data)
+    assert verdict.cause == "data-caused", verdict.evidence
+    assert verdict.same_data.bit_equal and SPIKE in verdict.same_data.flagged, verdict.evidence
+
+
 def test_a_one_off_fault_is_not_reproducible(tmp_path: Path) -> None:
     marker = tmp_path / "fault.marker"
     model = functools.partial(FaultyRegressor, fault_step=SPIKE, fault_marker=str(marker))
