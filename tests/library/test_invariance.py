@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,39 @@ def test_every_file_resumes_the_run_nothing_watched(
     step = int(file.removeprefix("step=").removesuffix(".ckpt"))
     assert len(resumed.losses) == 12 - step
     assert differences(alone, resumed) == []
+
+
+def test_a_validation_at_a_step_is_the_same_whichever_interval_brought_it(
+    tmp_path: Path,
+) -> None:
+    """Validations every 3 and every 6 steps, with files every 2 steps or none: the
+    validations at steps 6 and 12 are the same, to the bit (dropout left on, a sampled
+    metric, the validation loader's base seed)."""
+    runs = [
+        fit_drawing(tmp_path / "3", Watch(val_every=3)),
+        fit_drawing(tmp_path / "6", Watch(val_every=6, every=2, monitor=True)),
+    ]
+    assert sorted(runs[0].validations) == [3, 6, 9, 12] and sorted(runs[1].validations) == [6, 12]
+    for step in (6, 12):
+        pairs = zip(runs[0].validations[step], runs[1].validations[step], strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs), step
+
+
+def test_the_files_of_a_monitor_checkpoint_and_final_checkpoint_resume_the_run(
+    tmp_path: Path,
+) -> None:
+    """The best val_loss's file (written after its validation) and FinalCheckpoint's (at
+    the end, off its interval) resume the run nothing watched; FinalCheckpoint's extends
+    it to 16 steps."""
+    watch = Watch(val_every=2, monitor=True, final=True)
+    fit_drawing(tmp_path / "first", watch)
+    (best,) = (tmp_path / "first" / "best").iterdir()
+    alone_16 = fit_drawing(tmp_path / "alone", Watch(), steps=16)
+    resumed = fit_drawing(tmp_path / "from-best", watch, steps=16, ckpt=best)
+    assert differences(alone_16, resumed) == [], best.name
+    final = tmp_path / "first" / "final" / "step=12.ckpt"
+    extended = fit_drawing(tmp_path / "from-final", Watch(), steps=16, ckpt=final)
+    assert len(extended.losses) == 4 and differences(alone_16, extended) == []
 
 
 def test_without_the_per_step_seeds_a_validation_changes_the_run(

@@ -50,6 +50,7 @@ class DrawingNet(pl.LightningModule):
         )
         self.register_buffer("hook_draws", torch.zeros(()))
         self.losses: list[torch.Tensor] = []
+        self.validations: dict[int, list[torch.Tensor]] = {}
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -72,6 +73,8 @@ class DrawingNet(pl.LightningModule):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(())
         self.log("val_loss", loss)
+        if not self.trainer.sanity_checking:
+            self.validations.setdefault(self.global_step, []).append(loss.detach().clone())
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=0.02)
@@ -122,6 +125,8 @@ class Ended:
     weights: dict[str, torch.Tensor]
     optimizer: list[torch.Tensor]
     losses: list[torch.Tensor]
+    validations: dict[int, list[torch.Tensor]]
+    """Each validation's batch losses, by the step it validated at."""
 
 
 def fit_drawing(
@@ -165,7 +170,10 @@ def fit_drawing(
         t.clone() for s in optimizer.values() for t in s.values() if isinstance(t, torch.Tensor)
     ]
     return Ended(
-        {k: v.detach().clone() for k, v in model.state_dict().items()}, tensors, model.losses
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        tensors,
+        model.losses,
+        model.validations,
     )
 
 
