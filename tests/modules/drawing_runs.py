@@ -101,6 +101,17 @@ class GeneratorNet(DrawingNet):
         super().validation_step(batch, batch_idx)
 
 
+class DrawingData(pl.LightningDataModule):
+    """``NoisyRows`` through a ``StepLoader`` for training, and a validation loader: what
+    ``lit-spikes fit --data`` takes."""
+
+    def train_dataloader(self) -> StepLoader:
+        return StepLoader(NoisyRows(), batch_size=8, seed=5)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(NoisyRows(16, seed=2), batch_size=8)
+
+
 @dataclass(frozen=True)
 class Watch:
     """How a run is watched: none of these may change what it trains."""

@@ -92,6 +92,24 @@ def test_two_identical_commands_train_identical_weights(
     assert_tensors_equal(final_state(uninterrupted), final_state(tmp_path / "again"))
 
 
+DRAWING = ["--model", "tests.modules.drawing_runs.DrawingNet", "--data",
+           "tests.modules.drawing_runs.DrawingData", "--trainer.max_steps", str(STEPS),
+           "--trainer.gradient_clip_val", "0.5"]  # fmt: skip
+"""A module that draws everywhere (dropout, augmentation, a validation that draws)."""
+
+
+def test_fit_trains_one_run_whatever_watches_it(tmp_path: Path) -> None:
+    """Issue 53 through the command line: files every 4 steps and no validation, or files
+    every 5 (and the final one) and a validation every 3 steps, end in one run."""
+    fit(tmp_path / "a", *DRAWING, "--checkpoint_every", "4", "--trainer.limit_val_batches", "0")
+    fit(tmp_path / "b", *DRAWING, "--checkpoint_every", "5", "--trainer.val_check_interval", "3",
+        "--trainer.check_val_every_n_epoch", "null")  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
+        "step=10.ckpt", "step=12.ckpt", "step=5.ckpt"
+    ]  # fmt: skip
+    assert_tensors_equal(final_state(tmp_path / "a"), final_state(tmp_path / "b"))
+
+
 @pytest.mark.parametrize("how", ["latest", "file"])
 def test_ckpt_path_alone_rebuilds_a_users_run_from_its_record(
     uninterrupted: Path, tmp_path: Path, how: str
