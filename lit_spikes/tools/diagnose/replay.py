@@ -101,7 +101,11 @@ class StepRecorder(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step, self._grad_norm = trainer.global_step, math.nan
-        # Not in the first step: ExactResume sets the RNG states after this hook there.
+
+    def mark_step_start(self) -> None:
+        """The RNG state the step's own draws start from (``StepStart`` calls it after
+        every other callback's batch start: ExactResume seeds each step there). Not in the
+        first step: a file without RNG states is resumed there."""
         self._rng = torch.random.get_rng_state() if self.records else None
 
     @override
@@ -138,6 +142,17 @@ class StepRecorder(Callback):
         self.records[step] = row
         if self._rng is not None and not torch.equal(self._rng, torch.random.get_rng_state()):
             self.drew = True
+
+
+class StepStart(Callback):
+    """Last among the callbacks: tells ``recorder`` where the step's own draws start."""
+
+    def __init__(self, recorder: StepRecorder) -> None:
+        self.recorder = recorder
+
+    @override
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.recorder.mark_step_start()
 
 
 @dataclass(frozen=True)
@@ -231,6 +246,7 @@ class Replayer:
         callbacks = with_exact_resume(callbacks, self.config.exact_resume)
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))
+        callbacks.append(StepStart(recorder))
         # Past the LR schedule's end too (a run, recover's, may train on at its floor LR),
         # but not past the run's: a OneCycleLR raises there.
         end = self.spike_step + self.config.horizon + 1

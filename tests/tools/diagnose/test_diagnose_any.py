@@ -41,18 +41,24 @@ DATA = "tests.modules.spiky_modules.StepRegressionData"
 
 
 def original_run(
-    root: Path, name: str, model: pl.LightningModule, data: Any, callbacks: Sequence[Any] = ()
+    root: Path,
+    name: str,
+    model: pl.LightningModule,
+    data: Any,
+    callbacks: Sequence[Any] = (),
+    exact_resume: bool = True,
 ) -> Path:
-    """A plain Lightning run: ``ExactResume``, ``step=<k>.ckpt`` every ``EVERY`` steps and
-    TensorBoard events (where diagnose reads the loss the run logged), and ``callbacks``.
-    Returns its directory."""
+    """A plain Lightning run: ``ExactResume`` (unless not ``exact_resume``),
+    ``step=<k>.ckpt`` every ``EVERY`` steps and TensorBoard events (where diagnose reads
+    the loss the run logged), and ``callbacks``. Returns its directory."""
     run_dir = root / name
+    callbacks = [ExactResume(), *callbacks] if exact_resume else list(callbacks)
     trainer = pl.Trainer(
         max_steps=STEPS,
         accelerator="cpu",
         devices=1,
         logger=TensorBoardLogger(root, name=name, version=""),
-        callbacks=[ExactResume(), step_checkpoint(run_dir / "checkpoints", EVERY), *callbacks],
+        callbacks=[*callbacks, step_checkpoint(run_dir / "checkpoints", EVERY)],
         log_every_n_steps=1,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -124,6 +130,21 @@ def test_a_one_off_fault_is_not_reproducible(tmp_path: Path) -> None:
     assert verdict.original_loss is not None and same.bit_equal is False, verdict.evidence
     assert same.loss_at_spike < 0.1 * verdict.original_loss and not same.spiked
     assert verdict.other_data is None
+
+
+def test_a_file_without_rng_states_of_a_module_that_draws_nothing_is_evidence(
+    tmp_path: Path,
+) -> None:
+    """A run without ExactResume (its files hold no seeds) of a module that draws nothing,
+    hit by a one-off fault: the replay's own per-step seeds are no draw of the module, so
+    its other loss is evidence, and nothing says "no RNG states"."""
+    marker = tmp_path / "fault.marker"
+    model = functools.partial(FaultyRegressor, fault_step=SPIKE, fault_marker=str(marker))
+    run = original_run(tmp_path, "plain", model(), StepRegressionData(), exact_resume=False)
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=model, data=DATA)
+    assert verdict.cause == "not-reproducible", verdict.evidence
+    assert verdict.same_data.bit_equal is False
+    assert "no RNG states" not in " ".join(verdict.evidence), verdict.evidence
 
 
 class ScaleGrads(Callback):
