@@ -29,6 +29,7 @@ LOADER = "tests/library/test_loader.py::"
 BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
+INVARIANCE = "tests/library/test_invariance.py::"
 GUARANTEE_RUNS, GUARANTEE_MODULES = (
     "tests/modules/guarantee_runs.py",
     "tests/modules/guarantee_modules.py",
@@ -46,16 +47,47 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
-        "rng_torch_only",  # ExactResume restores torch's RNG, not Python's or NumPy's
-        "callbacks/exact_resume.py",
-        "    random.setstate((version, tuple(internal), gauss))\n"
-        '    kind, keys, pos, has_gauss, cached = states["numpy"]\n'
-        "    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))\n",
+        "rng_torch_only",  # the per-step seeds set torch's RNG, not Python's or NumPy's
+        "lit_spikes/randomness.py",
+        "    random.seed(seed64)\n    np.random.seed(high)\n",
         "",
         (
             EXACT + "test_a_resume_draws_from_random_numpy_and_torch_as_the_uninterrupted_run",
             EXACT + "test_a_resume_in_a_new_process_draws_as_the_uninterrupted_run",
-            LR + "test_an_lr_scaler_resume_equals_the_uninterrupted_run",
+            LOADER + "test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it",
+        ),
+    ),
+    Mutation(
+        "no_per_step_seed",  # a step draws on from whatever ran before it (issue 53)
+        "callbacks/exact_resume.py",
+        "        self._seed_for(STEP, trainer.global_step, batch_idx"
+        " % trainer.accumulate_grad_batches)\n",
+        "        pass\n",
+        (  # (a StepLoader read in this process keys the state its step starts from too)
+            INVARIANCE + "test_watching_a_run_does_not_change_it",
+            INVARIANCE + "test_watching_a_run_on_a_plain_dataloader_does_not_change_it",
+        ),
+    ),
+    Mutation(
+        "rows_not_keyed",  # augmentation draws from the reading process's state
+        "lit_spikes/loader.py",
+        "        seed_all(derive(self.seed, ROW, position, slot))\n",
+        "",
+        (
+            LOADER + "test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it",
+            INVARIANCE + "test_every_file_resumes_the_run_nothing_watched",
+        ),
+    ),
+    Mutation(
+        "module_generators_not_keyed",
+        "callbacks/exact_resume.py",
+        "            generator.manual_seed(derive(self._generator_seeds[path], domain,"
+        " *key, rank))\n",
+        "            pass\n",
+        (
+            INVARIANCE + "test_a_modules_own_generator_is_keyed_by_the_step_too",
+            "tests/library/testing/test_check.py::"
+            "test_a_modules_generator_is_named_and_exact_resume_keys_it",
         ),
     ),
     Mutation(

@@ -238,6 +238,9 @@ def all_reads(tmp_path: Path, module: pl.LightningModule, steps: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings(
+    "ignore:You passed in a `val_dataloader` but have no `validation_step`:UserWarning"
+)  # a bare module beside the demo's
 def test_tiny_gpt_module_adds_no_per_step_read_to_lightnings_own(tmp_path: Path) -> None:
     """Counted everywhere, against a minimal module on the same model: Lightning turns every
     progress-bar tensor into a float at every step, so the module's loss reaches the bar
@@ -252,6 +255,7 @@ def test_tiny_gpt_module_adds_no_per_step_read_to_lightnings_own(tmp_path: Path)
     assert shown == gpt.history[-1]["loss"]  # the last step's loss, as a plain float
 
 
+@pytest.mark.filterwarnings("ignore:The number of training batches:UserWarning")  # (12 < 50)
 def test_training_curves_read_the_host_once_per_logging_step(tmp_path: Path) -> None:
     """``lr`` and ``grad_norm`` of a user's module: one read per ``log_every_n_steps``,
     none in between (the norm stays on the device until its logging step)."""

@@ -29,6 +29,11 @@ WATCHES = {
     "FinalCheckpoint": Watch(final=True, val_every=5),
     "2 workers, a file every 4 steps": Watch(every=4, workers=2),
 }
+PLAIN_WATCHES = {
+    "a file every 2 steps": Watch(every=2, plain=True),
+    "validation every 3 steps": Watch(val_every=3, plain=True),
+}
+"""On a plain DataLoader (no augmentation): the step's own seed alone keys its draws."""
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +45,12 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> Ended:
 @pytest.mark.parametrize("name", sorted(WATCHES))
 def test_watching_a_run_does_not_change_it(alone: Ended, tmp_path: Path, name: str) -> None:
     assert differences(alone, fit_drawing(tmp_path, WATCHES[name])) == [], name
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_WATCHES))
+def test_watching_a_run_on_a_plain_dataloader_does_not_change_it(tmp_path: Path, name: str) -> None:
+    alone = fit_drawing(tmp_path / "alone", Watch(plain=True))
+    assert differences(alone, fit_drawing(tmp_path / "watched", PLAIN_WATCHES[name])) == [], name
 
 
 @pytest.mark.parametrize(("watch", "file"), [

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
@@ -126,6 +126,9 @@ class Watch:
     """A FinalCheckpoint."""
     workers: int = 0
     """The StepLoader's workers."""
+    plain: bool = False
+    """A plain ``DataLoader`` of the rows without augmentation instead of the StepLoader:
+    the step's draws are then keyed by ExactResume alone."""
 
 
 @dataclass
@@ -173,7 +176,10 @@ def fit_drawing(
         default_root_dir=root,
     )
     model = module()
-    train = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=watch.workers)
+    train: Any = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=watch.workers)
+    if watch.plain:
+        rows = NoisyRows()
+        train = DataLoader(TensorDataset(rows.x, rows.x @ rows.w), batch_size=8)
     val = DataLoader(NoisyRows(16, seed=2), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
     optimizer = trainer.optimizers[0].state_dict()["state"]

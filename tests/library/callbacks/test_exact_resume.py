@@ -58,6 +58,10 @@ QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": 
 # Lightning's own warnings about these small runs: not what these tests are about.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
+    # ValNet and PlateauNet validate where a test gives them a loader; most train only
+    pytest.mark.filterwarnings(
+        "ignore:You defined a `validation_step` but have no `val_dataloader`:UserWarning"
+    ),
     pytest.mark.filterwarnings("ignore:.*LightningModule.configure_callbacks.*:UserWarning"),
 ]
 
@@ -87,6 +91,9 @@ def _two_checkpoints_fit(
     return model, trainer
 
 
+@pytest.mark.filterwarnings(
+    "ignore:Your `val_dataloader`'s sampler has shuffling enabled:UserWarning"
+)  # what it tests
 @pytest.mark.parametrize("shuffle_val", [False, True])
 def test_every_file_of_two_checkpoint_callbacks_at_one_step_resumes_exactly(
     tmp_path: Path, shuffle_val: bool

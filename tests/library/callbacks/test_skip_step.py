@@ -242,6 +242,9 @@ class TwoOptimizers(pl.LightningModule):
         ]
 
 
+@pytest.mark.filterwarnings(
+    "ignore:You passed in a `val_dataloader` but have no `validation_step`:UserWarning"
+)  # its module trains only
 def test_skip_step_refuses_several_optimizers_under_manual_optimization() -> None:
     with pytest.raises(RuntimeError, match=r"SkipStep: .*manual optimization with 2 optimizers"):
         fit_watched(TwoOptimizers(poison=10), [SkipStep(window=8, warmup=4)], 20)

@@ -140,7 +140,8 @@ def test_dropout_without_exact_resume_is_rng(resume_check: Any) -> None:
 
 @pytest.mark.filterwarnings(NOT_RESUMABLE)
 def test_shuffled_dataloader_is_data(resume_check: Any) -> None:
-    error = _first(resume_check, Net, shuffled_data, exact)
+    with pytest.warns(UserWarning, match="ExactResume: the train loader .* cannot be positioned"):
+        error = _first(resume_check, Net, shuffled_data, exact)
     first = error.report.first
     assert (first.component, first.step) == ("data", RESUME_AT)
     assert "use StepLoader or a stateful sampler" in str(error).replace(
@@ -447,6 +448,9 @@ def test_check_resume_passes_exact_resume_from_configure_callbacks() -> None:
     )
 
 
+@pytest.mark.filterwarnings(  # BoringModel's validation_step, trained only
+    "ignore:You defined a `validation_step` but have no `val_dataloader`:UserWarning"
+)
 def test_check_resume_command_line_passes_configure_callbacks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -489,6 +493,9 @@ def validated_data() -> tuple[StepLoader, DataLoader[Any]]:
     )
 
 
+@pytest.mark.filterwarnings(
+    "ignore:Your `val_dataloader`'s sampler has shuffling enabled:UserWarning"
+)  # what it tests
 def test_check_resume_passes_a_validation_that_draws_at_the_resume_step() -> None:
     """Items 1 and 2: validation at the resume step draws from the global RNG after the
     checkpoint; the resume is exact, and so is the check's verdict."""

@@ -141,7 +141,8 @@ def test_a_file_without_rng_states_of_a_module_that_draws_nothing_is_evidence(
     marker = tmp_path / "fault.marker"
     model = functools.partial(FaultyRegressor, fault_step=SPIKE, fault_marker=str(marker))
     run = original_run(tmp_path, "plain", model(), StepRegressionData(), exact_resume=False)
-    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=model, data=DATA)
+    with pytest.warns(UserWarning, match="from a checkpoint without ExactResume's state"):
+        verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=model, data=DATA)
     assert verdict.cause == "not-reproducible", verdict.evidence
     assert verdict.same_data.bit_equal is False
     assert "no RNG states" not in " ".join(verdict.evidence), verdict.evidence
