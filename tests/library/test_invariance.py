@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lit_spikes.callbacks.exact_resume as exact_resume
-from tests.modules.drawing_runs import Ended, GeneratorNet, Watch, differences, fit_drawing
+from tests.modules.drawing_runs import (
+    SITES,
+    Ended,
+    GeneratorNet,
+    Watch,
+    differences,
+    fit_drawing,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The number of training batches:UserWarning",  # Lightning's logging interval
@@ -135,22 +142,26 @@ def test_a_modules_own_generator_is_keyed_by_the_step_too(
 
 
 @st.composite
-def watched(draw: st.DrawFn) -> tuple[Watch, int | None]:
+def watched(draw: st.DrawFn) -> tuple[Watch, int | None, frozenset[str]]:
     every = draw(st.sampled_from([None, 2, 3, 5]))
     val_every = draw(st.sampled_from([None, 2, 3, 4]))
     resume_at = draw(st.sampled_from([None, *range(every, 12, every)])) if every else None
-    return Watch(every=every, val_every=val_every), resume_at
+    sites = draw(st.frozensets(st.sampled_from(sorted(SITES)), min_size=1))
+    return Watch(every=every, val_every=val_every), resume_at, sites
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(watched())
-def test_any_cadence_validation_and_resume_give_one_run(
-    alone: Ended, case: tuple[Watch, int | None]
+def test_any_cadence_validation_resume_and_draw_sites_give_one_run(
+    case: tuple[Watch, int | None, frozenset[str]],
 ) -> None:
-    watch, resume_at = case
+    watch, resume_at, sites = case
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        assert differences(alone, fit_drawing(root / "watched", watch)) == [], watch
+        alone = fit_drawing(root / "alone", Watch(), sites=sites)
+        ended = fit_drawing(root / "watched", watch, sites=sites)
+        assert differences(alone, ended) == [], (watch, sites)
         if resume_at is not None:
             file = root / "watched" / "every" / f"step={resume_at}.ckpt"
-            assert differences(alone, fit_drawing(root / "resumed", watch, ckpt=file)) == []
+            resumed = fit_drawing(root / "resumed", watch, ckpt=file, sites=sites)
+            assert differences(alone, resumed) == [], (watch, resume_at, sites)

@@ -25,10 +25,16 @@ from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
 FEATURES = 6
 
 
-class NoisyRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """A fixed regression problem whose rows are augmented at each read."""
+SITES = frozenset({"dropout", "augment", "hooks", "validation"})
+"""Where the module draws: dropout, the dataset's ``__getitem__``, its own hooks, its
+validation (dropout left on, a sampled metric)."""
 
-    def __init__(self, rows: int = 48, seed: int = 1) -> None:
+
+class NoisyRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A fixed regression problem whose rows are augmented at each read (``augment``)."""
+
+    def __init__(self, rows: int = 48, seed: int = 1, augment: bool = True) -> None:
+        self.augment = augment
         generator = torch.Generator().manual_seed(seed)
         self.x = torch.randn(rows, FEATURES, generator=generator)
         self.w = torch.randn(FEATURES, 1, generator=generator)
@@ -37,16 +43,20 @@ class NoisyRows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.augment:
+            return self.x[i], self.x[i] @ self.w
         scale = 1.0 + 0.1 * random.random() + 0.1 * float(np.random.rand())
         x = self.x[i] * scale + 0.05 * torch.randn(FEATURES)
         return x, x @ self.w
 
 
 class DrawingNet(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, sites: frozenset[str] = SITES) -> None:
         super().__init__()
+        self.sites = sites
+        dropout = 0.3 if "dropout" in sites else 0.0
         self.net = nn.Sequential(
-            nn.Linear(FEATURES, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1)
+            nn.Linear(FEATURES, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1)
         )
         self.register_buffer("hook_draws", torch.zeros(()))
         self.losses: list[torch.Tensor] = []
@@ -60,18 +70,23 @@ class DrawingNet(pl.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self.hook_draws += torch.rand(())  # the module's own hooks draw too
+        if "hooks" in self.sites:
+            self.hook_draws += torch.rand(())  # the module's own hooks draw too
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Drawn after the step's files (Lightning calls the callbacks' hook first): what
         # it draws must not reach the next step. (State it changed would be missing from
         # the step's file: issue 54's order, not the randomness.)
-        torch.rand(3), np.random.rand(2), random.random()
+        if "hooks" in self.sites:
+            torch.rand(3), np.random.rand(2), random.random()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.net.train()  # dropout left on, as many validations have it by accident
+        drawing = "validation" in self.sites
+        self.net.train(drawing)  # dropout left on, as many validations have it by accident
         x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y) + 1e-3 * torch.rand(())
+        loss = nn.functional.mse_loss(self.net(x), y)
+        if drawing:
+            loss = loss + 1e-3 * torch.rand(())  # a sampled metric
         self.log("val_loss", loss)
         if not self.trainer.sanity_checking:
             self.validations.setdefault(self.global_step, []).append(loss.detach().clone())
@@ -149,6 +164,7 @@ def fit_drawing(
     steps: int = 12,
     ckpt: Path | None = None,
     module: type[DrawingNet] = DrawingNet,
+    sites: frozenset[str] = SITES,
 ) -> Ended:
     pl.seed_everything(0, verbose=False)
     callbacks: list[Callback] = [ExactResume()]
@@ -175,12 +191,13 @@ def fit_drawing(
         enable_model_summary=False,
         default_root_dir=root,
     )
-    model = module()
-    train: Any = StepLoader(NoisyRows(), batch_size=8, seed=5, num_workers=watch.workers)
+    model = module() if sites == SITES else module(sites)
+    augment = "augment" in sites
+    train: Any = StepLoader(NoisyRows(augment=augment), 8, seed=5, num_workers=watch.workers)
     if watch.plain:
         rows = NoisyRows()
         train = DataLoader(TensorDataset(rows.x, rows.x @ rows.w), batch_size=8)
-    val = DataLoader(NoisyRows(16, seed=2), batch_size=8)
+    val = DataLoader(NoisyRows(16, seed=2, augment=augment), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
     optimizer = trainer.optimizers[0].state_dict()["state"]
     tensors = [
