@@ -1,10 +1,16 @@
-"""Mutation check: break each guarantee in a copy of the code and run the tests that
-guard it; each must fail (caught). Not part of `make test` (`make mutations`).
+"""Mutation check: break each guarantee in a copy of the code and run whole test
+directories against it; it must fail at least two test functions (caught). Not part of
+`make test` (`make mutations`).
 
 Each mutation is one anchored text replacement in one file. The script copies the
-tracked files to a temporary folder, applies one mutation at a time there, runs its
-guarding tests with PYTHONPATH at the copy, and prints a caught/missed table. It exits 1
-if a mutation is missed, 2 if an anchor is not found exactly once (re-anchor it).
+tracked files to a temporary folder and checks that Python imports the copy (not the
+checkout, which is installed editable), that the unmutated copy passes ``DIRS`` (``-m
+"not slow"``), then applies one mutation at a time and runs ``DIRS`` with PYTHONPATH at
+the copy, stopping once ``MAX_FAILURES`` tests failed. It counts the distinct test
+functions that fail (parameters folded) and prints a table: a mutation is caught when at
+least 2 fail. It exits 1 if a mutation is missed or the unmutated copy fails, 2 if an
+anchor is not found exactly once (re-anchor it). Each row names a test that should fail
+(``expect``): the table says when it did not, a hint for the author, not the verdict.
 
     python scripts/mutations.py [--only NAME ...] [--list]
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,10 +37,19 @@ BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
+CHECKPOINTS = "tests/library/test_checkpoints.py::"
+RETENTION = "tests/library/callbacks/test_retention.py::"
 GUARANTEE_RUNS, GUARANTEE_MODULES = (
     "tests/modules/guarantee_runs.py",
     "tests/modules/guarantee_modules.py",
 )
+
+
+DIRS = ("tests/library", "tests/tools")
+"""The test directories every mutation is judged by (their tests not marked slow)."""
+MAX_FAILURES = 12
+"""Stop a mutated run after this many failed tests (enough, as a rule, to count 2
+functions: a count under 2 with this many failures says so with a '+')."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,7 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+    """Tests that should fail (at least one on a module written for the tests)."""
 
 
 MUTATIONS = [
@@ -172,6 +189,97 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "loader_refuses_only_another_seed",  # batch size, rows, shuffle not compared
+        "lit_spikes/loader.py",
+        '            for key in ("seed", "batch_size", "rows", "shuffle")\n',
+        '            for key in ("seed",)\n',
+        (LOADER + "test_a_loader_of_another_size_length_or_shuffle_is_refused_at_a_resume",),
+    ),
+    Mutation(
+        "order_ignores_the_seed",
+        "lit_spikes/loader.py",
+        "            generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch))\n",
+        "            generator = torch.Generator().manual_seed(mix_seed(0, epoch))\n",
+        (
+            LOADER + "test_the_order_is_a_permutation_per_epoch_seeded_by_the_seed",
+            LOADER + "test_each_seed_gives_its_own_order_in_every_epoch",
+        ),
+    ),
+    Mutation(
+        "fingerprint_without_threads",
+        "callbacks/exact_resume.py",
+        '        "num_threads": torch.get_num_threads(),\n',
+        "",
+        (EXACT + "test_a_users_resume_under_other_threads_or_subnormal_flushing_warns",),
+    ),
+    Mutation(
+        "crc_not_checked",
+        "lit_spikes/checkpoints.py",
+        "    damaged = _record_failing_crc(path)\n",
+        "    damaged = None\n",
+        (CHECKPOINTS + "test_a_users_newest_file_with_one_flipped_byte_is_passed_over",),
+    ),
+    Mutation(
+        "retention_forgets_the_resumed_file",
+        "callbacks/retention.py",
+        "            kept |= {path for _, path in files if path.resolve() == resumed.resolve()}\n",
+        "            pass\n",
+        (
+            RETENTION + "test_the_resumed_from_file_is_kept_however_old",
+            RETENTION + "test_a_users_run_resumed_from_an_old_file_keeps_it",
+        ),
+    ),
+    Mutation(
+        "rollback_ignores_the_distance",
+        "callbacks/rollback.py",
+        "            latest = self.spike_step - self.distance\n",
+        "            latest = self.spike_step\n",
+        (),
+    ),
+    Mutation(
+        "preemption_saves_nothing",
+        "callbacks/preemption.py",
+        "            trainer.save_checkpoint(path, weights_only=False)"
+        "  # synchronous: on disk now\n",
+        "            pass\n",
+        (),
+    ),
+    Mutation(
+        "watchers_take_a_stale_value",  # a value logged at an earlier step counts as new
+        "callbacks/watch.py",
+        "        return not value.is_set_to(old)\n",
+        "        return True\n",
+        (),
+    ),
+    Mutation(
+        "check_resume_ignores_tensor_values",
+        "lit_spikes/testing/verdict.py",
+        "            and torch.equal(a, b)\n",
+        "",
+        (),
+    ),
+    Mutation(
+        "diagnose_ignores_the_earlier_replay",
+        "lit_spikes/tools/diagnose/verdict.py",
+        "    if earlier is not None and earlier.bit_equal is False:\n",
+        "    if False:\n",
+        (),
+    ),
+    Mutation(
+        "diagnose_any_recurrence_is_state",
+        "lit_spikes/tools/diagnose/verdict.py",
+        "    if not other.spiked:\n        return False\n",
+        "",
+        (),
+    ),
+    Mutation(
+        "recover_rolls_back_past_the_distance_bound",
+        "lit_spikes/tools/recover/rollback.py",
+        "    bound = onset - distance\n",
+        "    bound = onset\n",
+        (),
+    ),
+    Mutation(
         "nan_guard_zeroes_gradients",  # TinyGPTModule's host guard: weight decay still moves
         "lit_spikes/demo/module.py",
         "                        parameter.grad = None  # AdamW then changes nothing\n",
@@ -214,17 +322,37 @@ def anchored(root: Path, mutation: Mutation) -> str:
     return text
 
 
-def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[int, float]:
+def pytest_run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+
+
+def imports_the_copy(root: Path) -> str | None:
+    """None where Python, run as the tests run, imports the library from ``root``; else
+    what it imports instead."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    code = "import lit_spikes.callbacks as c, lit_spikes.loader as l; print(c.__file__, l.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    files = done.stdout.split()
+    inside = done.returncode == 0 and all(f.startswith(str(root)) for f in files)
+    return None if inside else (done.stdout + done.stderr).strip()
+
+
+def failing_functions(output: str) -> list[str]:
+    """The distinct test functions pytest's short summary names as failed (``-rf``), the
+    parameters of a parametrized test folded into one."""
+    found = re.findall(r"^(?:FAILED|ERROR) (\S+?::\S+?)(?:\[.*?\])?(?: - |$)", output, re.M)
+    return list(dict.fromkeys(found))
+
+
+def judged(root: Path) -> tuple[list[str], float]:
+    """The failing test functions of ``DIRS`` on the copy as it is now, and the seconds."""
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
-    return done.returncode, time.perf_counter() - start
-
-
-def tests_failing(root: Path, tests: tuple[str, ...]) -> list[str]:
-    """Which of ``tests`` fail (each run on its own)."""
-    return [t for t in tests if run_tests(root, (t,))[0] != 0]
+    done = pytest_run(root, "-rf", "-m", "not slow", "-n", "2", f"--maxfail={MAX_FAILURES}", *DIRS)
+    return failing_functions(done.stdout), time.perf_counter() - start
 
 
 def main() -> int:
@@ -245,25 +373,36 @@ def main() -> int:
         except LookupError as error:
             print(f"anchor not found: {error}", file=sys.stderr)
             return 2
-        every = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-        if run_tests(root, every)[0] != 0:
-            print(f"the guarding tests fail on the unmutated code: {every}", file=sys.stderr)
+        elsewhere = imports_the_copy(root)
+        if elsewhere is not None:
+            print(f"the tests would not import the copy but: {elsewhere}", file=sys.stderr)
             return 1
+        failing, seconds = judged(root)
+        if failing:
+            print(f"the unmutated copy fails: {failing}", file=sys.stderr)
+            return 1
+        print(f"unmutated: {', '.join(DIRS)} pass ({seconds:.0f} s)", flush=True)
         rows, missed = [], 0
         for m in chosen:
             path = root / m.file
             path.write_text(texts[m.name].replace(m.old, m.new))
             try:
-                failing = tests_failing(root, m.tests)
+                failing, seconds = judged(root)
             finally:
                 path.write_text(texts[m.name])
-            caught = len(failing) >= min(2, len(m.tests))
+            caught = len(failing) >= 2
             missed += not caught
-            rows.append((m.name, m.file, f"{len(failing)}/{len(m.tests)}", caught))
+            unmet = [t for t in m.tests if t not in failing]
+            rows.append((m.name, m.file, len(failing), caught, seconds, unmet))
+            print(f"{m.name}: {len(failing)} failing ({seconds:.0f} s)", flush=True)
     width = max(len(r[0]) for r in rows)
-    print(f"{'mutation':<{width}}  {'file':<28} failing  verdict")
-    for name, file, failing, caught in rows:
-        print(f"{name:<{width}}  {file:<28} {failing:<8} {'caught' if caught else 'MISSED'}")
+    print(f"{'mutation':<{width}}  {'file':<28} failing  verdict  seconds")
+    for name, file, count, caught, seconds, unmet in rows:
+        verdict = "caught" if caught else "MISSED"
+        shown = f"{count}{'+' if count >= MAX_FAILURES else ''}"
+        print(f"{name:<{width}}  {file:<28} {shown:<8} {verdict:<8} {seconds:.0f}")
+        for test in unmet:
+            print(f"{'':<{width}}  (not among the failures: {test})")
     return 1 if missed else 0
 
 

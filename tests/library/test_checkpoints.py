@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+from lit_spikes.callbacks import ExactResume
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
     CheckpointError,
@@ -45,6 +46,8 @@ from tests.conftest import (
     fit,
     load_ckpt,
 )
+from tests.modules.plain_runs import loader, train
+from tests.modules.user_modules import DropoutRegressor
 
 N, K, EVERY = 20, 10, 5
 
@@ -155,6 +158,35 @@ def _broken_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "a directory": (tmp_path / "run.ckpt", "a directory, not a checkpoint file"),
         "weights only": (tmp_path / "weights.ckpt", "holds weights only"),
     }
+
+
+def flip_in_smallest_tensor(path: Path) -> str:
+    """Flip the bits of the first byte of the smallest tensor record of a torch zip file
+    (it still unpickles); returns the record's name."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        tensors = [i for i in archive.infolist() if "/data/" in i.filename and i.file_size]
+        smallest = min(tensors, key=lambda info: info.file_size)
+    at = smallest.header_offset
+    name_length, extra_length = struct.unpack("<HH", data[at + 26 : at + 30])
+    data[at + 30 + name_length + extra_length] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return smallest.filename
+
+
+def test_a_users_newest_file_with_one_flipped_byte_is_passed_over(tmp_path: Path) -> None:
+    """Issue 44's gap (one case of one test): a user's module's file every step; one
+    byte of the newest file's smallest tensor flipped (an optimizer step count, a bias)
+    fails its record's CRC-32: refused by name, and the rollback target is the file
+    before it."""
+    train(tmp_path, DropoutRegressor(), loader(), 10, [ExactResume()])
+    newest = tmp_path / "step=10.ckpt"
+    record = flip_in_smallest_tensor(newest)
+    with pytest.raises(CheckpointError, match=f"its record {record} fails its CRC-32"):
+        load_checkpoint(newest)
+    with pytest.warns(UserWarning, match="step=10.ckpt"):
+        step, path, refused = newest_valid_checkpoint(tmp_path)
+    assert (step, path.name) == (9, "step=9.ckpt") and "CRC-32" in refused[0]
 
 
 def test_a_file_saved_without_checksums_is_no_corrupt_one(tmp_path: Path) -> None:

@@ -160,6 +160,38 @@ def test_another_order_at_a_resume_is_refused_by_name(tmp_path: Path) -> None:
         train(tmp_path / "b", LoggingRegressor(), other, 10, [], tmp_path / "a" / "step=5.ckpt")
 
 
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        (lambda: StepLoader(regression_data(), BATCH * 2, seed=7), "batch_size: checkpoint 8"),
+        (lambda: StepLoader(regression_data(rows=48), BATCH, seed=7), "rows: checkpoint"),
+        (lambda: StepLoader(regression_data(), BATCH, seed=7, shuffle=False), "shuffle:"),
+    ],
+)
+def test_a_loader_of_another_size_length_or_shuffle_is_refused_at_a_resume(
+    other: Callable[[], StepLoader], named: str
+) -> None:
+    """Issue 44's gap: only another seed was tested. Each is another order of the data:
+    the resumed steps would train on other batches. Refused by name, the state unchanged."""
+    saved = loader().state_dict() | {"step": 5}
+    refusing = other()
+    with pytest.raises(ValueError, match=f"orders its data otherwise.*{named}"):
+        refusing.load_state_dict(saved)
+    assert refusing.next_step == 0
+
+
+def test_each_seed_gives_its_own_order_in_every_epoch() -> None:
+    """The order depends on the seed in every epoch, not only in the first (issue 44)."""
+    orders = {seed: StepLoader(regression_data(), BATCH, seed=seed) for seed in (7, 8)}
+    for epoch in range(3):
+        first, second = (orders[s].order(epoch).tolist() for s in (7, 8))
+        assert first != second and sorted(first) == sorted(second), epoch
+    assert (
+        orders[7].order(1).tolist()
+        == StepLoader(regression_data(), BATCH, seed=7).order(1).tolist()
+    )
+
+
 @pytest.mark.filterwarnings(NO_EXACT_RESUME)  # the rollback refuses, without ExactResume
 @pytest.mark.parametrize("remedy", ["rollback", "skip"])
 def test_remedies_refuse_a_loader_that_cannot_be_positioned(tmp_path: Path, remedy: str) -> None:

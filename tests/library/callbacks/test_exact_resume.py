@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SkipStep
+from lit_spikes.callbacks.exact_resume import fingerprint
 from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import (
     REPO,
@@ -558,6 +559,31 @@ def test_a_resume_under_another_precision_or_clipping_warns(
     fit(tmp_path, "first", K, checkpoint_every=K, **first)
     with pytest.warns(UserWarning, match=re.escape(named)):
         fit(tmp_path, "then", N, ckpt_path=checkpoint_path(tmp_path / "first", K), **then)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [("threads", "num_threads: checkpoint 1, now 2"), ("flush", "flush_denormal: checkpoint")],
+)
+def test_a_users_resume_under_other_threads_or_subnormal_flushing_warns(
+    tmp_path: Path, setting: str, named: str
+) -> None:
+    """Issue 44's gap: the process settings a user's resume may differ in (CPU threads,
+    subnormal flushing) are named too, on a module of the user's kind."""
+    threads, flushing = torch.get_num_threads(), fingerprint(None)["flush_denormal"]
+    torch.set_num_threads(1)
+    train(tmp_path / "b", DropoutRegressor(), loader(), RESUME_AT, [ExactResume()])
+    try:
+        if setting == "threads":
+            torch.set_num_threads(2)
+        else:
+            torch.set_flush_denormal(not flushing)
+        with pytest.warns(UserWarning, match=re.escape(named)):
+            ckpt = tmp_path / "b" / f"step={RESUME_AT}.ckpt"
+            train(tmp_path / "c", DropoutRegressor(), loader(), STEPS, [ExactResume()], ckpt)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(flushing)
 
 
 def test_clipping_added_at_a_resume_is_the_remedy_and_not_warned(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from lit_spikes.callbacks import (
     CheckpointRetention,
+    ExactResume,
     RollbackRestore,
 )
 from lit_spikes.checkpoints import (
@@ -24,6 +25,8 @@ from tests.conftest import (
     TINY_OPTIM,
     fit,
 )
+from tests.modules.plain_runs import loader, train
+from tests.modules.user_modules import DropoutRegressor
 
 
 def test_retention_keeps_what_a_rollback_or_resume_needs(tmp_path: Path) -> None:
@@ -105,3 +108,27 @@ def test_retention_keeps_the_file_a_rollback_from_the_last_step_needs(
     rollback = RollbackRestore(directory, spike_step=19, distance=4)
     assert rollback.ckpt_step == target
     assert sorted(int(p.stem.split("=")[1]) for p in directory.glob("*.ckpt")) == left
+
+
+def test_the_resumed_from_file_is_kept_however_old(tmp_path: Path) -> None:
+    """Issue 44's gap (one test): ``keep`` keeps the file a run resumed from, whatever its
+    age, alongside the newest and the rollback target; by its resolved path."""
+    retention = CheckpointRetention(tmp_path, keep_last=1, rollback_distance=0)
+    files = [(s, tmp_path / f"step={s}.ckpt") for s in range(1, 11)]
+    kept = retention.keep(files, 10, tmp_path / "." / "step=2.ckpt")
+    assert sorted(int(p.stem.split("=")[1]) for p in kept) == [2, 9, 10]
+    assert sorted(p.name for p in retention.keep(files, 10, None)) == [
+        "step=10.ckpt",
+        "step=9.ckpt",
+    ]
+
+
+def test_a_users_run_resumed_from_an_old_file_keeps_it(tmp_path: Path) -> None:
+    """A module of the user's kind, a file every step, resumed from step 3 with
+    ``keep_last=1``: step 3's file survives every prune of the resumed run."""
+    train(tmp_path, DropoutRegressor(), loader(), 6, [ExactResume()])
+    retention = CheckpointRetention(tmp_path, keep_last=1, rollback_distance=0)
+    resumed = [ExactResume(), retention]
+    train(tmp_path, DropoutRegressor(), loader(), 12, resumed, tmp_path / "step=3.ckpt")
+    left = sorted(s for s, _ in checkpoint_files(tmp_path))
+    assert left == [3, 11, 12], left
