@@ -21,6 +21,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,8 @@ GUARANTEE_RUNS, GUARANTEE_MODULES = (
 
 DIRS = ("tests/library", "tests/tools")
 """The test directories every mutation is judged by (their tests not marked slow)."""
+TIMEOUT_S = 300
+"""A run of ``DIRS`` takes ~90 s here (2 cores): past this it hangs, and is said to."""
 MAX_FAILURES = 12
 """Stop a mutated run after this many failed tests (enough, as a rule, to count 2
 functions: a count under 2 with this many failures says so with a '+')."""
@@ -322,10 +325,21 @@ def anchored(root: Path, mutation: Mutation) -> str:
     return text
 
 
-def pytest_run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def pytest_run(root: Path, *args: str) -> tuple[str, bool]:
+    """pytest's output on ``args`` in the copy, and whether it ran past ``TIMEOUT_S`` (its
+    process group killed then: a mutation can make a run loop, a rollback to the spike's
+    own file for one)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
-    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    with subprocess.Popen(
+        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            return process.communicate(timeout=TIMEOUT_S)[0], False
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.communicate()[0], True
 
 
 def imports_the_copy(root: Path) -> str | None:
@@ -348,11 +362,14 @@ def failing_functions(output: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def judged(root: Path) -> tuple[list[str], float]:
-    """The failing test functions of ``DIRS`` on the copy as it is now, and the seconds."""
+def judged(root: Path) -> tuple[list[str], float, bool]:
+    """The failing test functions of ``DIRS`` on the copy as it is now, the seconds, and
+    whether the run hung (past ``TIMEOUT_S``)."""
     start = time.perf_counter()
-    done = pytest_run(root, "-rf", "-m", "not slow", "-n", "2", f"--maxfail={MAX_FAILURES}", *DIRS)
-    return failing_functions(done.stdout), time.perf_counter() - start
+    output, hung = pytest_run(
+        root, "-rf", "-m", "not slow", "-n", "2", f"--maxfail={MAX_FAILURES}", *DIRS
+    )
+    return failing_functions(output), time.perf_counter() - start, hung
 
 
 def main() -> int:
@@ -377,9 +394,9 @@ def main() -> int:
         if elsewhere is not None:
             print(f"the tests would not import the copy but: {elsewhere}", file=sys.stderr)
             return 1
-        failing, seconds = judged(root)
-        if failing:
-            print(f"the unmutated copy fails: {failing}", file=sys.stderr)
+        failing, seconds, hung = judged(root)
+        if failing or hung:
+            print(f"the unmutated copy fails: {failing or 'it hung'}", file=sys.stderr)
             return 1
         print(f"unmutated: {', '.join(DIRS)} pass ({seconds:.0f} s)", flush=True)
         rows, missed = [], 0
@@ -387,18 +404,18 @@ def main() -> int:
             path = root / m.file
             path.write_text(texts[m.name].replace(m.old, m.new))
             try:
-                failing, seconds = judged(root)
+                failing, seconds, hung = judged(root)
             finally:
                 path.write_text(texts[m.name])
-            caught = len(failing) >= 2
+            caught = len(failing) >= 2  # a hang alone catches nothing by name
             missed += not caught
             unmet = [t for t in m.tests if t not in failing]
-            rows.append((m.name, m.file, len(failing), caught, seconds, unmet))
+            rows.append((m.name, m.file, len(failing), caught, seconds, unmet, hung))
             print(f"{m.name}: {len(failing)} failing ({seconds:.0f} s)", flush=True)
     width = max(len(r[0]) for r in rows)
     print(f"{'mutation':<{width}}  {'file':<28} failing  verdict  seconds")
-    for name, file, count, caught, seconds, unmet in rows:
-        verdict = "caught" if caught else "MISSED"
+    for name, file, count, caught, seconds, unmet, hung in rows:
+        verdict = "caught" if caught else "HUNG" if hung else "MISSED"
         shown = f"{count}{'+' if count >= MAX_FAILURES else ''}"
         print(f"{name:<{width}}  {file:<28} {shown:<8} {verdict:<8} {seconds:.0f}")
         for test in unmet:

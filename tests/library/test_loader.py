@@ -153,11 +153,20 @@ def test_without_keyed_reads_a_row_augments_otherwise(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.filterwarnings(NO_EXACT_RESUME)  # the StepLoader refuses, without ExactResume
-def test_another_order_at_a_resume_is_refused_by_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        (lambda: StepLoader(regression_data(), BATCH, seed=8), "seed: checkpoint 7, now 8"),
+        (lambda: StepLoader(regression_data(), BATCH // 2, seed=7), "batch_size: checkpoint 8"),
+    ],
+)
+def test_another_order_at_a_resume_is_refused_by_name(
+    tmp_path: Path, other: Callable[[], StepLoader], named: str
+) -> None:
+    """Through the Trainer: a user's module resumed with another data order."""
     train(tmp_path / "a", LoggingRegressor(), loader(), 5, [ExactResume()])
-    other = StepLoader(regression_data(), BATCH, seed=8)
-    with pytest.raises(ValueError, match="seed: checkpoint 7, now 8"):
-        train(tmp_path / "b", LoggingRegressor(), other, 10, [], tmp_path / "a" / "step=5.ckpt")
+    with pytest.raises(ValueError, match=named):
+        train(tmp_path / "b", LoggingRegressor(), other(), 10, [], tmp_path / "a" / "step=5.ckpt")
 
 
 @pytest.mark.parametrize(
