@@ -389,10 +389,16 @@ class ExactResume(Callback):
                     )
         return self._generators or {}
 
-    def _seed_for(self, domain: int, *key: int) -> None:
-        """The process's RNGs and the module's generators set from this key."""
+    def _seed_for(self, domain: int, *key: int, sanity_check: bool = False) -> None:
+        """The process's RNGs and the module's generators set from this key. In the
+        sanity check (before the first step and the module's ``on_train_start``) the seed
+        is not fixed yet, nor are the generators found."""
         trainer = self._trainer
         rank = trainer.global_rank if trainer is not None else 0
+        if sanity_check:
+            seed = torch.initial_seed() if self._seed is None else self._seed
+            seed_all(derive(seed, domain, *key, rank))
+            return
         seed_all(derive(self._run_seed(), domain, *key, rank))
         for path, generator in self._module_generators().items():
             generator.manual_seed(derive(self._generator_seeds[path], domain, *key, rank))
@@ -517,11 +523,7 @@ class ExactResume(Callback):
         # validation_step's draws (dropout left on, a sampled metric): the same validation
         # at a step whichever interval or checkpoint brought it. The sanity check (inside
         # Lightning's isolate_rng, before the first step) is keyed without fixing the seed.
-        if trainer.sanity_checking:  # the module's generators are found after on_train_start
-            seed = self._seed if self._seed is not None else torch.initial_seed()
-            seed_all(derive(seed, VALIDATION, trainer.global_step, trainer.global_rank))
-        else:
-            self._seed_for(VALIDATION, trainer.global_step)
+        self._seed_for(VALIDATION, trainer.global_step, sanity_check=trainer.sanity_checking)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -21,9 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from lit_spikes.randomness import ROW, derive, kept_rng_states, seed_all
-
-_MASK64 = 2**64 - 1
+from lit_spikes.randomness import GOLDEN, MASK64, ROW, derive, kept_rng_states, mix64, seed_all
 
 
 def mix_seed(seed: int, index: int) -> int:
@@ -32,10 +30,7 @@ def mix_seed(seed: int, index: int) -> int:
     torch's CPU generator keeps only the low 32 bits of a seed, so ``seed * 2**32 +
     index`` would make every seed give the same stream.
     """
-    x = (seed * 0x9E3779B97F4A7C15 + index) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (x ^ (x >> 31)) & 0xFFFFFFFF
+    return mix64((seed * GOLDEN + index) & MASK64) & 0xFFFFFFFF
 
 
 def normalize_skip(skip: Iterable[int]) -> tuple[int, ...]:

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-_MASK64 = 2**64 - 1
-_GOLDEN = 0x9E3779B97F4A7C15
+MASK64 = 2**64 - 1
+GOLDEN = 0x9E3779B97F4A7C15
+"""splitmix64's increment (2**64 over the golden ratio)."""
 
 STEP = 1
 """Domain of a training step's draws (its batch start hooks, forward, backward, step)."""
@@ -34,19 +35,19 @@ ROW = 5
 """Domain of the draws made while a dataset row is read (augmentation in ``__getitem__``)."""
 
 
-def _mix64(x: int) -> int:
+def mix64(x: int) -> int:
     """splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return x ^ (x >> 31)
 
 
 def derive(seed: int, *key: int) -> int:
     """A 64-bit seed from ``seed`` and the non-negative integers of ``key``, each folded in
     by splitmix64: two keys that differ anywhere give unrelated seeds."""
-    x = _mix64((seed * _GOLDEN) & _MASK64)
+    x = mix64((seed * GOLDEN) & MASK64)
     for word in key:
-        x = _mix64((x + _GOLDEN + word * 0xD1B54A32D192ED03) & _MASK64)
+        x = mix64((x + GOLDEN + word * 0xD1B54A32D192ED03) & MASK64)
     return x
 
 
