@@ -63,6 +63,13 @@ def _command(name: str, argv: list[str]) -> Any:
     return module.main(argv)
 
 
+def _no_command(argv: list[str]) -> bool:
+    """Options alone (``lit-spikes --print_config``): no command among them, and no
+    top-level ``-c``/``--config`` file, which may name one."""
+    configs = ("-c", "--config")
+    return not any(a in NAMES or a in configs or a.startswith("--config=") for a in argv)
+
+
 def main(
     args: list[str] | None = None,
 ) -> LitSpikesCLI | RecoverResult | Verdict | int | None:
@@ -76,9 +83,11 @@ def main(
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] in ("-h", "--help"):
         _top_level_help()
-    if not argv or not (argv[0].startswith("-") or argv[0] in NAMES):
+    if not argv or not (argv[0].startswith("-") or argv[0] in NAMES) or _no_command(argv):
         # LightningCLI's own message names only its commands (fit, validate)
         what = "no command given" if not argv else f"unknown command {argv[0]!r}"
+        if argv and argv[0].startswith("-"):
+            what = f"no command given (before {argv[0]})"
         print(
             f"{USAGE}\nlit-spikes: error: {what}: choose from {', '.join(NAMES)} "
             "(lit-spikes --help)",

@@ -144,7 +144,11 @@ def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) 
     for command in ("fit", "recover", "diagnose"):
         assert f"\n  {command} " in out, command
     # No command, or a misspelt one: every command named, not LightningCLI's two
-    for argv, what in (([], "no command given"), (["recovr"], "unknown command 'recovr'")):
+    for argv, what in (
+        ([], "no command given"),
+        (["recovr"], "unknown command 'recovr'"),
+        (["--print_config"], "no command given (before --print_config)"),  # LightningCLI's
+    ):  # message named {fit,validate} (issue 52, item 9)
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2

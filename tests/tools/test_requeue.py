@@ -94,8 +94,8 @@ def test_a_run_killed_before_its_first_file_restarts_as_recorded(
     shutil.copy(whole / "config.yaml", root / "config.yaml")  # tools/test_cli_hunt.py)
     # The job's whole command again, as a job script holds it: its callbacks taken once
     run = [*RUNS[which], "--trainer.default_root_dir", str(root)]
-    torch.set_flush_denormal(False)  # as the runs had it (a demo fit here may have set it)
-    main(["fit", *run, "--ckpt_path", "last", *QUIET])  # here: CI's minutes
+    done = lit_spikes("fit", *run, "--ckpt_path", "last")
+    assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(whole, root)
 
 
@@ -121,9 +121,14 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """The usage error of ``lit-spikes *argv`` run in this process (exit 2), on one line:
-    a refusal trains nothing, a new process a case would only add its imports."""
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str, new_process: bool = False) -> str:
+    """The usage error of ``lit-spikes *argv`` (exit 2), on one line. The first case of
+    each test runs as a scheduler runs it, in a new process; the others in this one (a
+    refusal trains nothing: a new process per case would add only its imports, ~4 s)."""
+    if new_process:
+        done = lit_spikes(*argv)
+        assert done.returncode == 2, (argv, done.stderr[-3000:])
+        return " ".join(done.stderr.split())
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, *QUIET])
@@ -147,8 +152,8 @@ def test_a_requeue_asking_for_another_run_is_refused_and_changes_nothing(  # typ
     shutil.copy(whole / "checkpoints" / FILES[0], root / "checkpoints" / FILES[0])
     before = snapshot(root)
     requeue = ["fit", "--trainer.default_root_dir", str(root), "--ckpt_path", "last"]
-    for flag, value, recorded in OTHER_RUNS[which]:
-        err = refusal(capsys, *requeue, flag, value)
+    for case, (flag, value, recorded) in enumerate(OTHER_RUNS[which]):
+        err = refusal(capsys, *requeue, flag, value, new_process=case == 0)
         shown = repr(value) if flag == "--trainer.precision" else value
         assert f"{flag}={shown}" in err, err
         assert f"(the record's: {recorded})" in err and "another --trainer.default_root_dir" in err
@@ -190,7 +195,8 @@ def test_a_resume_that_cannot_train_is_refused_before_any_file(  # type: ignore[
 ) -> None:
     which, whole = uninterrupted
     mine = tmp_path / "mine"
-    for args, message in REFUSED[which]:
+    for case, (args, message) in enumerate(REFUSED[which]):
         err = refusal(capsys, "fit", "--ckpt_path", str(whole / "checkpoints" / FILES[0]),
-                      "--trainer.default_root_dir", str(mine), *args)  # fmt: skip
+                      "--trainer.default_root_dir", str(mine), *args,
+                      new_process=case < 2)  # fmt: skip
         assert message in err and not mine.exists(), (args, err)
