@@ -45,6 +45,16 @@ def unused_checkpoint_path(dirpath: Path, step: int) -> Path:
     return path
 
 
+def ends_at_this_step(trainer: pl.Trainer) -> bool:
+    """Whether the fit ends after this step anyway: ``max_steps`` reached, or the last
+    batch of the last epoch (a run of epochs, with an int ``limit_train_batches``)."""
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return True
+    loop = trainer.fit_loop
+    last_epoch = loop.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= loop.max_epochs
+    return last_epoch and loop.epoch_loop.batch_progress.is_last_batch
+
+
 def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
     """Whether Lightning's schedule validates after this step, stop or no stop (the rule
     of Lightning's training epoch loop's validation check, less the stop): a schedule in

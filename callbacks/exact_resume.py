@@ -18,6 +18,7 @@ from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomS
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lit_spikes.callbacks.step_end import StepEnd, Unfinished, replay, saved_metrics
 from lit_spikes.loader import StepLoader
 from lit_spikes.randomness import (
     BETWEEN,
@@ -167,22 +168,23 @@ def train_loaders(trainer: pl.Trainer) -> list[Any]:
 
 
 def plateau_warnings(trainer: pl.Trainer) -> list[str]:
-    """One warning per ReduceLROnPlateau the fit steps: Lightning steps it after the
-    checkpoint of its step is written (its metric may come from that step's validation) and
-    a resume from that file skips the step (``update_plateau_schedulers=not restarting``)."""
+    """One warning per ReduceLROnPlateau of the epoch interval: Lightning skips its update
+    at the end of the first epoch after a resume (``update_plateau_schedulers=not
+    restarting``). One of the step interval resumes exactly: the update a file came before
+    is replayed (``step_end``), on the metrics the file holds."""
     texts = []
     for config in trainer.lr_scheduler_configs:
-        if not config.reduce_on_plateau:
+        if not config.reduce_on_plateau or config.interval == "step":
             continue
         texts.append(
             f"ExactResume: ReduceLROnPlateau(interval={config.interval!r}, "
-            f"monitor={config.monitor!r}) is not resumed exactly by Lightning: it steps on "
-            f"{config.monitor!r} after the checkpoint of its {config.interval} is written, "
-            "and a resume from that checkpoint skips that step, so the resumed run's "
-            "learning rate is not the uninterrupted run's; fix: a schedule that reads no "
-            "metric (StepLR, CosineAnnealingLR, OneCycleLR, returned from "
-            "configure_optimizers) resumes bit for bit; with ReduceLROnPlateau a resumed run "
-            "is not bit-exact"
+            f"monitor={config.monitor!r}) is not resumed exactly by Lightning: it skips the "
+            "scheduler's update at the end of the first epoch after a resume, so the resumed "
+            "run's learning rate is not the uninterrupted run's; fix: interval='step' (with "
+            "a frequency of the validation interval, for a validation metric), or a "
+            "schedule that reads no metric (StepLR, CosineAnnealingLR, OneCycleLR, returned "
+            "from configure_optimizers); with an epoch ReduceLROnPlateau a resumed run is "
+            "not bit-exact"
         )
     return texts
 
@@ -281,9 +283,13 @@ class ExactResume(Callback):
     - seeks every ``StepLoader`` of the fit to ``trainer.global_step`` at its start and at
       each epoch's (a reloaded loader), refuses ``accumulate_grad_batches`` with one, and
       refuses a step that trains on another step's batch;
-    - warns, before the first step, of what Lightning does not resume exactly: a
-      ``ReduceLROnPlateau`` (it steps after the checkpoint; a resume skips that step), and
-      at a resume a train loader it cannot position (not a ``StepLoader`` and no
+    - replays at a resume what of the file's step came after the file: the step's
+      validation (EarlyStopping's and a monitor's updates; a validation that asked the run
+      to stop stops the resumed one at once) and a step-interval ``ReduceLROnPlateau``'s
+      update, on the logged metrics the file holds (``callback_metrics``);
+    - warns, before the first step, of what Lightning does not resume exactly: an
+      epoch-interval ``ReduceLROnPlateau`` (a resume skips its next update), and at a
+      resume a train loader it cannot position (not a ``StepLoader`` and no
       ``state_dict``, resumed mid-epoch, or shuffling at an epoch's start);
     - refuses a second fit on a Trainer that trained, without ``ckpt_path`` (Lightning
       would go on from its step with a new optimizer and LR schedule).
@@ -320,6 +326,9 @@ class ExactResume(Callback):
         self._restored = False
         self._loaded = False
         self._hook: RemovableHandle | None = None
+        self._step_end = StepEnd()
+        self._replay: Unfinished | None = None
+        self._metrics: dict[str, Any] = {}
 
     @property
     @override
@@ -331,6 +340,7 @@ class ExactResume(Callback):
         self._trainer, self._seed, self._restored = trainer, None, False
         self._loaded = False  # nothing of an earlier fit carries over
         self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
+        self._step_end, self._replay, self._metrics = StepEnd(), None, {}
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -413,10 +423,14 @@ class ExactResume(Callback):
             # writes it: each rank's seeds go in, by rank.
             by_rank = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(by_rank, mine)
+        unfinished = self._step_end.unfinished(trainer) if trainer is not None else None
         return {
             "seed_by_rank": [seed for seed, _ in by_rank],
             "generator_seeds_by_rank": [generators for _, generators in by_rank],
             "fingerprint": fingerprint(trainer),
+            # What of its step's end (validation, plateau update, a stop) the file misses
+            "step_end": unfinished.state() if unfinished is not None else None,
+            "callback_metrics": saved_metrics(trainer),
         }
 
     @override
@@ -430,6 +444,8 @@ class ExactResume(Callback):
         trainer = self._trainer
         rank = trainer.global_rank if trainer is not None else 0
         self._restored = True
+        self._replay = Unfinished.from_state(state_dict.get("step_end"))
+        self._metrics = state_dict.get("callback_metrics", {})
         if "seed_by_rank" not in state_dict:  # written before the per-step seeds
             warnings.warn(
                 "ExactResume: the checkpoint holds RNG states of an earlier lit-spikes, not "
@@ -476,6 +492,15 @@ class ExactResume(Callback):
                 "(dropout) are not those of the run that wrote it",
                 stacklevel=2,
             )
+        if resumed:  # what the run had logged: a plateau's or a monitor's metric
+            trainer.callback_metrics.update(self._metrics)
+        unfinished, self._replay, self._metrics = self._replay, None, {}
+        if resumed and unfinished is not None and unfinished.step == trainer.global_step:
+            # The file came before its step's validation or plateau update: run them now,
+            # from what the step left the RNGs at (a shuffled val loader's order).
+            micro = (trainer.fit_loop.batch_idx) % trainer.accumulate_grad_batches
+            self._seed_for(BETWEEN, trainer.global_step, micro)
+            replay(trainer, pl_module, unfinished, self._step_end)
 
     @staticmethod
     def _seek(trainer: pl.Trainer) -> None:
@@ -505,6 +530,7 @@ class ExactResume(Callback):
                     "optimization, or the loader iterated outside the fit). StepLoader "
                     "serves the batch of each global step: advance it once per batch"
                 )
+        self._step_end.batch_started(trainer)  # the previous step's end ran
         self._seed_for(STEP, trainer.global_step, batch_idx % trainer.accumulate_grad_batches)
 
     @override
@@ -524,6 +550,16 @@ class ExactResume(Callback):
         # at a step whichever interval or checkpoint brought it. The sanity check (inside
         # Lightning's isolate_rng, before the first step) is keyed without fixing the seed.
         self._seed_for(VALIDATION, trainer.global_step, sanity_check=trainer.sanity_checking)
+        if not trainer.sanity_checking:
+            self._step_end.validation_started(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step_end.closed(trainer)  # the last step's validation and plateau update ran
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step_end.closed(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

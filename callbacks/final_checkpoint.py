@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import check_integer, trainer_callbacks, unused_checkpoint_path
+from lit_spikes.callbacks.common import (
+    check_integer,
+    ends_at_this_step,
+    trainer_callbacks,
+    unused_checkpoint_path,
+)
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 
 
@@ -38,17 +44,30 @@ class FinalCheckpoint(Callback):
         every_n_steps = check_integer("every_n_steps", every_n_steps, 1)
         self.dirpath, self.every_n_steps = Path(dirpath), every_n_steps
         self.saved_path: Path | None = None
+        self._saved_step: int | None = None
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        # Where the run's length ends it: saved as the every-k files are, before the
+        # step's validation, which a resume replays (ExactResume). A file written after it
+        # (on_train_end) would have Lightning's restart step a ReduceLROnPlateau again.
+        if ends_at_this_step(trainer):
+            self._save(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save(trainer)  # ended otherwise: EarlyStopping, max_time, a stop of its own
+
+    def _save(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         preempted = any(
             isinstance(cb, PreemptionCheckpoint) and cb.saved_path is not None
             for cb in trainer_callbacks(trainer)
         )
-        if step == 0 or step % self.every_n_steps == 0 or preempted:
+        written = self.saved_path is not None and self._saved_step == step
+        if step == 0 or step % self.every_n_steps == 0 or preempted or written:
             return
         # Only rank 0 writes: the other ranks' names do not matter.
         path = unused_checkpoint_path(self.dirpath, step)
-        self.saved_path = path
+        self.saved_path, self._saved_step = path, step
         trainer.save_checkpoint(path, weights_only=False)

@@ -19,10 +19,12 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from lit_spikes.callbacks.common import (
+    ends_at_this_step,
     trainer_callbacks,
     unused_checkpoint_path,
     validates_at_this_step_anyway,
 )
+from lit_spikes.callbacks.exact_resume import ExactResume
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _log = logging.getLogger(__name__)
@@ -31,16 +33,6 @@ _log = logging.getLogger(__name__)
 @rank_zero_only
 def rank_zero_warn_log(message: str) -> None:
     _log.warning(message)
-
-
-def _ends_at_this_step(trainer: pl.Trainer) -> bool:
-    """Whether the fit ends after this step anyway: ``max_steps`` reached, or the last
-    batch of the last epoch (a run of epochs, with an int ``limit_train_batches``)."""
-    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
-        return True
-    loop = trainer.fit_loop
-    last_epoch = loop.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= loop.max_epochs
-    return last_epoch and loop.epoch_loop.batch_progress.is_last_batch
 
 
 def _requeue_signal(trainer: pl.Trainer) -> int | None:
@@ -201,7 +193,7 @@ class PreemptionCheckpoint(Callback):
             received = trainer.strategy.reduce_boolean_decision(received, all=False)
         if not received:
             return
-        if _ends_at_this_step(trainer):
+        if ends_at_this_step(trainer):
             # The run is complete at this step: its regular final checkpoint follows, and
             # it ends as finished, not as a preempted run with nothing left to resume.
             self.ended_by_signal = True
@@ -269,8 +261,10 @@ class PreemptionCheckpoint(Callback):
         validates once more when a callback stops it (for an early-stopping monitor): here
         that only spends the signal's grace period, after the checkpoint is written. And it
         trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
-        (the resumed run still trains to them). A validation due at this step anyway runs:
-        a resumed run counts it as done. The ModelCheckpoints of ``dirpath`` write nothing
+        (the resumed run still trains to them). A validation due at this step anyway runs
+        only without ExactResume (a resumed run counts it as done); with it, the file says
+        the validation is due and the resumed run replays it, so the grace period is not
+        spent on it. The ModelCheckpoints of ``dirpath`` write nothing
         more in this fit: at the validation's and the epoch's end that Lightning runs after
         a stop they would write this step again, beside the file. All come back at the end."""
         fit_loop = trainer.fit_loop
@@ -279,8 +273,9 @@ class PreemptionCheckpoint(Callback):
             "min_steps": fit_loop.epoch_loop.min_steps,
             "min_epochs": fit_loop.min_epochs,
         }
-        if not validates_at_this_step_anyway(trainer):
-            trainer.limit_val_batches = 0
+        replayed = any(isinstance(c, ExactResume) for c in trainer_callbacks(trainer))
+        if replayed or not validates_at_this_step_anyway(trainer):
+            trainer.limit_val_batches = 0  # under ExactResume, the resumed run replays it
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
         self._stop_overrides["savers"] = [(c, c.save_top_k, c.save_last) for c in self._savers]

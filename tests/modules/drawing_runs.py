@@ -221,6 +221,6 @@ def differences(a: Ended, b: Ended) -> list[str]:
         if not torch.equal(x, y)
     ]
     shared = min(len(a.losses), len(b.losses))
-    pairs = zip(a.losses[-shared:], b.losses[-shared:], strict=True)
+    pairs = zip(a.losses[len(a.losses) - shared :], b.losses[len(b.losses) - shared :], strict=True)
     found += [f"loss {i}" for i, (x, y) in enumerate(pairs) if not torch.equal(x, y)]
     return found

@@ -1,0 +1,117 @@
+"""Every file of a step resumes that step's run exactly, a validating step's too (issue 54).
+
+Lightning writes ``ModelCheckpoint(every_n_train_steps)``'s and the preemption's files
+before the step's validation and its ReduceLROnPlateau update, and a resume starts at the
+next step: the validation's updates (EarlyStopping's count, a plateau's LR) were missing,
+and a run EarlyStopping ended, resumed from its last file, trained on. ExactResume now
+replays what the file came before. The runs: ``tests/modules/validating_runs.py``
+(dropout, augmentation, a validation that draws, every 3 steps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.modules.drawing_runs import differences
+from tests.modules.validating_runs import Steer, Steered, fit_steered
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
+
+STOPPED = Steer(every=4, monitor=True, final=True)
+"""EarlyStopping(patience=2) ends this run at step 12, a validating step and a file's."""
+PLATEAU = Steer(every=4, patience=None, plateau=True)
+"""A ReduceLROnPlateau on val_loss lowers the LR at validating steps (12 and 24: files)."""
+
+
+def assert_same_end(whole: Steered, resumed: Steered) -> None:
+    assert resumed.step == whole.step
+    assert differences(whole.ended, resumed.ended) == []
+    assert resumed.lrs == whole.lrs[len(whole.lrs) - len(resumed.lrs) :]
+    assert resumed.early_stopping == whole.early_stopping
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Steered]:
+    root = tmp_path_factory.mktemp("stopped")
+    whole = fit_steered(root, STOPPED)
+    assert whole.step == 12  # what the tests below mean; then the files:
+    assert sorted(p.name for p in (root / "every").iterdir()) == [
+        "step=12.ckpt", "step=4.ckpt", "step=8.ckpt"]  # fmt: skip
+    assert not (root / "final").exists()  # 12 is on the interval
+    return root, whole
+
+
+@pytest.mark.parametrize("name", ["every/step=8.ckpt", "every/step=12.ckpt", "best"])
+def test_each_file_of_an_early_stopped_run_stops_where_it_stopped(
+    stopped: tuple[Path, Steered], tmp_path: Path, name: str
+) -> None:
+    """Step 12's file was written before the validation that ended the run: the resume
+    skipped it and trained on to 15. (Step 8 does not validate, the best file is written
+    after its validation: both resumed exactly before.)"""
+    root, whole = stopped
+    ckpt = next((root / "best").iterdir()) if name == "best" else root / name
+    resumed = fit_steered(tmp_path, STOPPED, ckpt=ckpt)
+    assert_same_end(whole, resumed)
+    if name.endswith("12.ckpt"):
+        assert resumed.ended.losses == []  # it ends at once
+
+
+def test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """The final file is written after the validation that stopped the run: the stop
+    was in no file, and the resume trained on to the next validation's stop (15)."""
+    whole = fit_steered(tmp_path / "whole", Steer(every=5, final=True))
+    (final,) = (tmp_path / "whole" / "final").iterdir()
+    assert final.name == "step=12.ckpt"
+    resumed = fit_steered(tmp_path / "again", Steer(every=5, final=True), steps=60, ckpt=final)
+    assert resumed.step == 12 and resumed.ended.losses == []
+    assert_same_end(whole, resumed)
+
+
+@pytest.mark.parametrize("step", [5, 6, 12])
+def test_a_sigterm_at_any_step_resumes_the_run_that_got_none(
+    stopped: tuple[Path, Steered], tmp_path: Path, step: int
+) -> None:
+    """At a validating step (6, 12) the preemption file came before the validation: the
+    resume missed it (EarlyStopping stopped 3 steps late)."""
+    _, whole = stopped
+    steer = Steer(sigterm_at=step)
+    first = fit_steered(tmp_path / "first", steer)
+    assert first.step == step
+    (ckpt,) = (tmp_path / "first" / "preempted").iterdir()
+    assert_same_end(whole, fit_steered(tmp_path / "resumed", STOPPED, ckpt=ckpt))
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Steered]:
+    root = tmp_path_factory.mktemp("plateau")
+    whole = fit_steered(root, PLATEAU)
+    assert len(set(whole.lrs)) > 2  # the plateau lowered the LR more than once
+    return root, whole
+
+
+@pytest.mark.parametrize("step", [12, 20, 24])
+def test_a_plateau_scheduler_resumes_from_each_file(
+    lowered: tuple[Path, Steered], tmp_path: Path, step: int
+) -> None:
+    """From a validating step's file (12, 24) the resume missed that validation and the
+    LR it lowered: 29 and 17 tensors differed."""
+    root, whole = lowered
+    ckpt = root / "every" / f"step={step}.ckpt"
+    assert_same_end(whole, fit_steered(tmp_path, PLATEAU, ckpt=ckpt))
+
+
+@pytest.mark.parametrize("every", [7, 10])
+def test_extending_a_finished_run_equals_the_longer_run(tmp_path: Path, every: int) -> None:
+    """30 steps, then 63 from the last file: off the interval (FinalCheckpoint's file of
+    step 30, written after the final validation, at which Lightning's restart stepped the
+    plateau again and, with no metric to read, raised) and on it (step 30's every-k file,
+    before that validation)."""
+    steer = Steer(every=every, final=True, patience=None, plateau=True)
+    longer = fit_steered(tmp_path / "longer", Steer(patience=None, plateau=True), steps=63)
+    fit_steered(tmp_path / "short", steer, steps=30)
+    where = "final" if 30 % every else "every"
+    ckpt = tmp_path / "short" / where / "step=30.ckpt"
+    assert_same_end(longer, fit_steered(tmp_path / "extended", steer, steps=63, ckpt=ckpt))
