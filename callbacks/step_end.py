@@ -168,7 +168,9 @@ def replay(
     validates inside a fit, and its own restart skips this validation."""
     ends.replaying(unfinished)
     epoch_loop = trainer.fit_loop.epoch_loop
-    if unfinished.validation:
+    with epoch_as(trainer, unfinished.epoch):  # the resumed run's schedule at that step:
+        due = trainer.enable_validation and validates_at_this_step_anyway(trainer)
+    if unfinished.validation and due:  # a branch validating elsewhere does not replay it
         val_loop = epoch_loop.val_loop
         restarting, val_loop.restarting = val_loop.restarting, False  # a whole validation
         pl_module.on_validation_model_zero_grad()

@@ -258,8 +258,17 @@ def requeue_conflicts(saved: Mapping[str, Any], config: Any) -> list[str]:
     return [
         f"--{key}={plain_config(given.get(key))!r} (the record's: {plain_config(value)!r})"
         for key, value in recorded.items()
-        if key not in REQUEUE_MAY_CHANGE and plain_config(given.get(key)) != plain_config(value)
+        if key not in REQUEUE_MAY_CHANGE and _differs(given.get(key), value)
     ]
+
+
+def _differs(given: Any, recorded: Any) -> bool:
+    """Whether a setting's value differs from the record's. A set (a module's
+    ``frozenset`` argument) is recorded as a list in the order it iterated in the run's
+    process, which string hashing changes from one process to the next."""
+    if isinstance(given, set | frozenset) and isinstance(recorded, list | set | frozenset):
+        return sorted(map(repr, given)) != sorted(map(repr, recorded))
+    return bool(plain_config(given) != plain_config(recorded))
 
 
 def added_callbacks(record: Mapping[str, Any], config: Any) -> list[str]:

@@ -200,3 +200,32 @@ def test_a_resume_that_cannot_train_is_refused_before_any_file(  # type: ignore[
                       "--trainer.default_root_dir", str(mine), *args,
                       new_process=case < 2)  # fmt: skip
         assert message in err and not mine.exists(), (args, err)
+
+
+VALIDATING = [
+    "--model", "tests.modules.drawing_runs.DrawingNet", "--data",
+    "tests.modules.drawing_runs.DrawingData", "--trainer.max_steps", "30",
+    "--checkpoint_every", "10", "--trainer.val_check_interval", "5",
+    "--trainer.gradient_clip_val", "0.5", "--trainer.callbacks+=tests.modules.killer.KillAtStep",
+]  # fmt: skip
+"""A module that draws everywhere (dropout, augmentation, a validation that draws),
+validated every 5 steps, with files every 10."""
+
+
+def test_a_sigterm_at_a_validating_step_requeued_is_the_run_that_got_none(tmp_path: Path) -> None:
+    """Issue 54: SIGTERM in step 15, which validates off the checkpoint interval. The
+    preemption file came before that validation, which the resume skipped: 15 of 30
+    losses differed while the log said "continues bit-exactly"."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = lit_spikes("fit", *VALIDATING, "--trainer.default_root_dir", str(whole))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = lit_spikes("fit", *VALIDATING, "--trainer.default_root_dir", str(killed),
+                       kill_at="14:SIGTERM")  # fmt: skip
+    assert first.returncode == 128 + 15, first.stderr[-3000:]
+    assert "stopped after step 15" in first.stderr and "continues bit-exactly" in first.stderr
+    done = lit_spikes("fit", "--trainer.default_root_dir", str(killed), "--ckpt_path", "last")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_states_equal(
+        load_ckpt(whole / "checkpoints" / "step=30.ckpt"),
+        load_ckpt(killed / "checkpoints" / "step=30.ckpt"),
+    )
