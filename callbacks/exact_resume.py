@@ -18,7 +18,14 @@ from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomS
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks.step_end import StepEnd, Unfinished, replay, saved_metrics
+from lit_spikes.callbacks.step_end import (
+    PlateauCatchUp,
+    StepEnd,
+    Unfinished,
+    epoch_end_hooks,
+    replay,
+    saved_metrics,
+)
 from lit_spikes.loader import StepLoader
 from lit_spikes.randomness import (
     BETWEEN,
@@ -167,28 +174,6 @@ def train_loaders(trainer: pl.Trainer) -> list[Any]:
     return list(loaders) if isinstance(loaders, Sequence) else [loaders]
 
 
-def plateau_warnings(trainer: pl.Trainer) -> list[str]:
-    """One warning per ReduceLROnPlateau of the epoch interval: Lightning skips its update
-    at the end of the first epoch after a resume (``update_plateau_schedulers=not
-    restarting``). One of the step interval resumes exactly: the update a file came before
-    is replayed (``step_end``), on the metrics the file holds."""
-    texts = []
-    for config in trainer.lr_scheduler_configs:
-        if not config.reduce_on_plateau or config.interval == "step":
-            continue
-        texts.append(
-            f"ExactResume: ReduceLROnPlateau(interval={config.interval!r}, "
-            f"monitor={config.monitor!r}) is not resumed exactly by Lightning: it skips the "
-            "scheduler's update at the end of the first epoch after a resume, so the resumed "
-            "run's learning rate is not the uninterrupted run's; fix: interval='step' (with "
-            "a frequency of the validation interval, for a validation metric), or a "
-            "schedule that reads no metric (StepLR, CosineAnnealingLR, OneCycleLR, returned "
-            "from configure_optimizers); with an epoch ReduceLROnPlateau a resumed run is "
-            "not bit-exact"
-        )
-    return texts
-
-
 def _sampler_of(loader: Any) -> Any:
     batch_sampler = getattr(loader, "batch_sampler", None)
     return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
@@ -286,10 +271,11 @@ class ExactResume(Callback):
     - replays at a resume what of the file's step came after the file: the step's
       validation (EarlyStopping's and a monitor's updates; a validation that asked the run
       to stop stops the resumed one at once) and a step-interval ``ReduceLROnPlateau``'s
-      update, on the logged metrics the file holds (``callback_metrics``);
-    - warns, before the first step, of what Lightning does not resume exactly: an
-      epoch-interval ``ReduceLROnPlateau`` (a resume skips its next update), and at a
-      resume a train loader it cannot position (not a ``StepLoader`` and no
+      update, on the logged metrics the file holds (``callback_metrics``), and at an
+      epoch's last batch the epoch-interval one (the epoch's ``on_train_epoch_end`` hooks
+      are not replayed: a warning names them); makes up the epoch plateau update Lightning
+      skips at the end of a resumed fit's first epoch;
+    - warns, at a resume, of a train loader it cannot position (not a ``StepLoader`` and no
       ``state_dict``, resumed mid-epoch, or shuffling at an epoch's start);
     - refuses a second fit on a Trainer that trained, without ``ckpt_path`` (Lightning
       would go on from its step with a new optimizer and LR schedule).
@@ -327,6 +313,7 @@ class ExactResume(Callback):
         self._loaded = False
         self._hook: RemovableHandle | None = None
         self._step_end = StepEnd()
+        self._catch_up = PlateauCatchUp()
         self._replay: Unfinished | None = None
         self._metrics: dict[str, Any] = {}
 
@@ -341,6 +328,7 @@ class ExactResume(Callback):
         self._loaded = False  # nothing of an earlier fit carries over
         self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
+        self._catch_up = PlateauCatchUp()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -483,7 +471,7 @@ class ExactResume(Callback):
         check_one_batch_per_step(trainer, pl_module)
         self._seek(trainer)
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
-        for text in plateau_warnings(trainer) + (position_warnings(trainer) if resumed else []):
+        for text in position_warnings(trainer) if resumed else []:
             warnings.warn(text, stacklevel=outside_lightning())
         if resumed and not self._restored:
             warnings.warn(
@@ -501,6 +489,15 @@ class ExactResume(Callback):
             micro = (trainer.fit_loop.batch_idx) % trainer.accumulate_grad_batches
             self._seed_for(BETWEEN, trainer.global_step, micro)
             replay(trainer, pl_module, unfinished, self._step_end)
+            hooks = epoch_end_hooks(trainer, ExactResume) if unfinished.epoch_end else []
+            if hooks:
+                warnings.warn(
+                    f"ExactResume: the checkpoint of step {unfinished.step} was written at "
+                    "its epoch's last batch, before the epoch's end, which Lightning's "
+                    f"restart skips: on_train_epoch_end of {', '.join(hooks)} does not run "
+                    "for that epoch in the resumed run (a file of another step resumes it)",
+                    stacklevel=outside_lightning(),
+                )
 
     @staticmethod
     def _seek(trainer: pl.Trainer) -> None:
@@ -511,6 +508,8 @@ class ExactResume(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._step_end.closed(trainer)  # the last epoch's end ran
+        self._catch_up.make_up(trainer)
         self._seek(trainer)  # a loader built anew for the epoch (reload_dataloaders_every_n)
         # A shuffling DataLoader draws its epoch's order from torch's RNG right after this
         # hook (from the second epoch on): keyed by the epoch, not by what ran before.
@@ -555,10 +554,12 @@ class ExactResume(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._step_end.closed(trainer)  # the last step's validation and plateau update ran
+        self._step_end.epoch_ended(trainer)  # the last step's validation and plateau ran
+        self._catch_up.epoch_ended(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._catch_up.make_up(trainer)
         self._step_end.closed(trainer)
 
     @override

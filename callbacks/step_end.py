@@ -6,10 +6,12 @@ module's, then the step's validation if one is due (``on_validation_end``: Early
 counts, a monitor ModelCheckpoint saves), then the ``ReduceLROnPlateau`` schedulers of the
 step interval. A resume starts at the next step, so what came after the save is missing
 from the file: Lightning skips the validation on purpose (its loop fast-forwards the
-counters), and the plateau schedulers miss a step. ``StepEnd`` tracks where in that order
-a save falls, and ``replay`` runs the missing part at the resume, before the next step:
-with the per-step seeds (``lit_spikes.randomness``) a replayed validation is the same
-validation. docs/how-it-works.md says why a replay, not a later file.
+counters), and the plateau schedulers miss a step. At an epoch's last batch the epoch's
+end follows (the ``on_train_epoch_end`` hooks, then the epoch-interval plateau update),
+which Lightning's restart skips too. ``StepEnd`` tracks where in that order a save falls,
+and ``replay`` runs the missing part at the resume, before the next step: with the
+per-step seeds (``lit_spikes.randomness``) a replayed validation is the same validation.
+docs/how-it-works.md says why a replay, not a later file.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
 
-from lit_spikes.callbacks.common import validates_at_this_step_anyway
+from lit_spikes.callbacks.common import trainer_callbacks, validates_at_this_step_anyway
+
+QUIET_AT_EPOCH_END = (ModelCheckpoint, ProgressBar)
+"""Callbacks whose ``on_train_epoch_end`` changes no training state: a file, a display."""
 
 
 @dataclass
@@ -40,6 +46,13 @@ class Unfinished:
     epoch: tuple[int, int] | None = None
     """The fit loop's epoch counts (completed, processed) in the step: at an epoch's last
     batch, Lightning's restart has counted the epoch done before the replay."""
+    epoch_end: bool = False
+    """The epoch's ``on_train_epoch_end`` hooks (the step was its epoch's last)."""
+    epoch_plateau: bool = False
+    """The epoch-interval plateau update after them."""
+
+    def pending(self) -> bool:
+        return any((self.validation, self.plateau, self.stop, self.epoch_end, self.epoch_plateau))
 
     def state(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +61,7 @@ class Unfinished:
     def from_state(cls, state: Any) -> Unfinished | None:
         if not isinstance(state, dict):
             return None
-        names = ("step", "validation", "plateau", "stop", "epoch")
+        names = ("step", "validation", "plateau", "stop", "epoch", "epoch_end", "epoch_plateau")
         found = cls(**{k: state[k] for k in names if k in state})
         found.epoch = tuple(found.epoch) if found.epoch is not None else None  # type: ignore[assignment]
         return found
@@ -62,7 +75,7 @@ class StepEnd:
 
     def __init__(self) -> None:
         self.open: Unfinished | None = None
-        self._started: tuple[int, bool, tuple[int, int]] | None = None  # step, due, epoch
+        self._started: Unfinished | None = None  # the batch's end, at its start's step
         self._validated: int | None = None
         self._stop_before_validation = False
 
@@ -73,15 +86,17 @@ class StepEnd:
         that was not stopped does not validate there."""
         self.closed(trainer)
         due = trainer.enable_validation and validates_at_this_step_anyway(trainer)
-        self._started = (trainer.global_step, due, epoch_counts(trainer))
+        last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        self._started = Unfinished(
+            trainer.global_step, due, plateau=True, epoch=epoch_counts(trainer),
+            epoch_end=last, epoch_plateau=last,
+        )  # fmt: skip
 
     def _current(self, trainer: pl.Trainer) -> Unfinished | None:
         """This step's end, opened once the optimizer step of the batch started is taken."""
-        if self.open is None and self._started is not None:
-            started, due, epoch = self._started
-            if trainer.global_step > started:
-                self.open = Unfinished(trainer.global_step, due, plateau=True, epoch=epoch)
-                self._started = None
+        started = self._started
+        if self.open is None and started is not None and trainer.global_step > started.step:
+            self.open, self._started = replace(started, step=trainer.global_step), None
         now = self.open is not None and self.open.step == trainer.global_step
         return self.open if now else None
 
@@ -93,6 +108,13 @@ class StepEnd:
             # follows, Lightning runs at a resume from it (its loop restarts "on last").
             current.validation = current.plateau = False
 
+    def epoch_ended(self, trainer: pl.Trainer) -> None:
+        """``on_train_epoch_end`` (the last step's validation and plateau update ran): a
+        file from here on holds the epoch's end hooks, not the epoch plateau update."""
+        current = self._current(trainer)
+        if current is not None:
+            current.validation = current.plateau = current.epoch_end = False
+
     def _stop_decided(self, trainer: pl.Trainer) -> bool:
         """Whether this step's validation asked the run to stop (EarlyStopping): read when
         a file is written or the step's end closes, so that a stopper listed after
@@ -101,11 +123,11 @@ class StepEnd:
         return validated and trainer.should_stop and not self._stop_before_validation
 
     def closed(self, trainer: pl.Trainer) -> None:
-        """The next step's start, the epoch's end or the fit's: the step's end has run.
-        A stop its validation decided is still said by a file written after it."""
+        """The next step's or epoch's start, or the fit's end: the step's end has run. A
+        stop its validation decided is still said by a file written after it."""
         current = self._current(trainer)
         if current is not None and self._stop_decided(trainer):
-            self.open = replace(current, validation=False, plateau=False, stop=True)
+            self.open = Unfinished(current.step, False, False, stop=True, epoch=current.epoch)
         else:
             self.open = None
 
@@ -115,7 +137,7 @@ class StepEnd:
         if current is None:
             return None
         found = replace(current, stop=current.stop or self._stop_decided(trainer))
-        return found if found.validation or found.plateau or found.stop else None
+        return found if found.pending() else None
 
     def replaying(self, unfinished: Unfinished) -> None:
         """A resume replays this step's end: tracked as a step's end that runs now."""
@@ -185,5 +207,55 @@ def replay(
         epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=True)
         if ends.open is not None:
             ends.open.plateau = False
+    if unfinished.epoch_plateau:  # after the epoch's end hooks, which are not replayed
+        with epoch_as(trainer, unfinished.epoch):
+            epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=True)
+        if ends.open is not None:
+            ends.open.epoch_end = ends.open.epoch_plateau = False
     if unfinished.stop:
         trainer.should_stop = True
+
+
+def epoch_end_hooks(trainer: pl.Trainer, own: type[Callback]) -> list[str]:
+    """The module and callbacks with an ``on_train_epoch_end`` of their own, by class name:
+    what a resume from a file of an epoch's last batch does not run (Lightning's restart
+    skips the epoch's end; hooks that log cannot be called outside Lightning's loop), but
+    ``own``'s (ExactResume's: it tracks the step's end)."""
+    module = trainer.lightning_module
+    found = [type(module).__name__] if _overrides(module, pl.LightningModule) else []
+    for callback in trainer_callbacks(trainer):
+        quiet = isinstance(callback, (*QUIET_AT_EPOCH_END, own))
+        if isinstance(callback, EarlyStopping):
+            # Private: no public attribute says whether it judges at the epoch's end.
+            quiet = getattr(callback, "_check_on_train_epoch_end", True) is False
+        if not quiet and _overrides(callback, Callback):
+            found.append(type(callback).__name__)
+    return found
+
+
+def _overrides(obj: object, base: type) -> bool:
+    hook = "on_train_epoch_end"
+    return getattr(type(obj), hook, None) is not getattr(base, hook, None)
+
+
+class PlateauCatchUp:
+    """Lightning skips the epoch-interval plateau update at the end of the first epoch of a
+    resumed fit (its fit loop's ``update_plateau_schedulers=not self.restarting``, with no
+    metric saved to read). Seen at that epoch's end, it is made up at the next epoch's
+    start or the fit's end, on the same epoch counts and the metrics of that epoch's end."""
+
+    def __init__(self) -> None:
+        self._skipped: tuple[int, int] | None = None
+
+    def epoch_ended(self, trainer: pl.Trainer) -> None:
+        epoch_loop = trainer.fit_loop.epoch_loop
+        progress = epoch_loop.batch_progress
+        reached = progress.is_last_batch or progress.current.ready == trainer.num_training_batches
+        skipped = trainer.fit_loop.restarting and reached
+        self._skipped = epoch_counts(trainer) if skipped else None
+
+    def make_up(self, trainer: pl.Trainer) -> None:
+        skipped, self._skipped = self._skipped, None
+        if skipped is not None:
+            with epoch_as(trainer, skipped):
+                trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", True)

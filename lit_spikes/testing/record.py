@@ -191,8 +191,8 @@ def _schedulers(trainer: pl.Trainer, module: pl.LightningModule, hints: dict[str
         owner = f"scheduler {i} ({type(config.scheduler).__name__})"
         owners[owner] = flatten(config.scheduler.state_dict())
         if config.reduce_on_plateau:
-            # Returned from configure_optimizers as asked, and still not resumed exactly:
-            # Lightning steps it after the checkpoint, a resume skips that step.
+            # Returned from configure_optimizers as asked, and still not resumed exactly
+            # by Lightning alone: it steps after the checkpoint, a resume skips that step.
             hints[owner] = hints["learning rate"] = _plateau_fix(config.interval, config.monitor)
     for name, value in vars(module).items():
         held = isinstance(value, LRScheduler | ReduceLROnPlateau)
@@ -212,10 +212,11 @@ def _plateau_fix(interval: str, monitor: str | None) -> str:
     return (
         f"ReduceLROnPlateau(interval={interval!r}, monitor={monitor!r}) is not resumed exactly "
         f"by Lightning: it steps on {monitor!r} after the checkpoint of its {interval} is "
-        "written, and a resume skips that step; use a schedule that reads no metric "
-        "(StepLR, CosineAnnealingLR, OneCycleLR from configure_optimizers), or resume from "
-        "checkpoints where it does not step (interval='epoch': mid-epoch), or accept a "
-        "resume that is not bit-exact"
+        "written and a resume skips that step (an epoch one: the first epoch's end after "
+        "it too), with no logged metric saved; add ExactResume (from lit_spikes.callbacks "
+        "import ExactResume), which replays those updates on the metrics its file holds. "
+        "A metric aggregated over the epoch (self.log(..., on_epoch=True)) is in no file: "
+        "monitor a validation metric or a per-step one"
     )
 
 

@@ -9,11 +9,17 @@ replays what the file came before. The runs: ``tests/modules/validating_runs.py`
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_spikes import StepLoader
+from lit_spikes.callbacks import ExactResume
 from tests.modules.drawing_runs import differences
+from tests.modules.val_nets import ValNet, val_rows
 from tests.modules.validating_runs import Steer, Steered, fit_steered
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
@@ -115,3 +121,37 @@ def test_extending_a_finished_run_equals_the_longer_run(tmp_path: Path, every: i
     where = "final" if 30 % every else "every"
     ckpt = tmp_path / "short" / where / "step=30.ckpt"
     assert_same_end(longer, fit_steered(tmp_path / "extended", steer, steps=63, ckpt=ckpt))
+
+
+class EpochCounter(ValNet):
+    """Counts its epochs in its own ``on_train_epoch_end``: state an epoch's end changes."""
+
+    def on_train_epoch_end(self) -> None:
+        self.epochs = getattr(self, "epochs", 0) + 1
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
+@pytest.mark.parametrize(("module", "warned"), [(EpochCounter, True), (ValNet, False)])
+def test_a_file_of_an_epochs_last_batch_names_the_epoch_end_hooks_it_skips(
+    tmp_path: Path, module: type[ValNet], warned: bool
+) -> None:
+    """Lightning's restart skips the epoch's end of a file written at its last batch
+    (step 16 of 16 batches an epoch); ExactResume replays the epoch plateau update, not
+    the hooks (one that logs cannot be called outside Lightning's loop): it names them."""
+
+    def fit(ckpt: Path | None = None) -> None:
+        every = ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=16, save_top_k=-1)
+        trainer = pl.Trainer(max_steps=20, callbacks=[ExactResume(), every], logger=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+        loader = StepLoader(val_rows(), batch_size=4, seed=0)
+        trainer.fit(module(), train_dataloaders=loader, ckpt_path=ckpt)
+
+    fit()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit(tmp_path / "step=16.ckpt")
+    named = [str(w.message) for w in seen if "on_train_epoch_end of" in str(w.message)]
+    assert bool(named) is warned, named
+    if warned:
+        assert "on_train_epoch_end of EpochCounter does not run" in named[0]

@@ -51,7 +51,7 @@ from tests.modules.user_modules import (
     LoggingRegressor,
     regression_data,
 )
-from tests.modules.val_nets import PlateauNet, ValNet, val_rows
+from tests.modules.val_nets import ValNet, val_rows
 
 QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
 
@@ -126,30 +126,6 @@ def test_state_dict_calls_at_a_step_boundary_change_nothing() -> None:
     torch.rand(5)  # what a validation between two saves draws
     torch.manual_seed(8)  # a hook that seeds
     assert callback.state_dict()["seed_by_rank"] == first == [7]
-
-
-def test_exact_resume_warns_of_reduce_lr_on_plateau_before_the_first_step(
-    tmp_path: Path,
-) -> None:
-    """Item 3: Lightning skips an epoch plateau scheduler's update in the first epoch after
-    a resume: ExactResume names it before any step trains. (One of the step interval is
-    resumed exactly: testing/test_check.py.)"""
-    interval = "epoch"
-    model = PlateauNet(interval, "val_loss")
-    trainer = pl.Trainer(
-        **QUIET,
-        max_steps=1,
-        callbacks=[ExactResume()],
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="ExactResume: ReduceLROnPlateau")
-        with pytest.raises(UserWarning, match=rf"ReduceLROnPlateau\(interval='{interval}'") as seen:
-            trainer.fit(model, train_dataloaders=StepLoader(val_rows(), batch_size=4, seed=0))
-    assert "not resumed exactly by Lightning" in str(seen.value)
-    assert "fix:" in str(seen.value)
-    assert model.losses == []  # before the first step
 
 
 def test_a_second_fit_on_a_trained_trainer_is_refused(tmp_path: Path) -> None:

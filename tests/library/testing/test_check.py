@@ -476,28 +476,39 @@ def plateau_data() -> tuple[StepLoader, DataLoader[Any]]:
     )
 
 
-@pytest.mark.filterwarnings("ignore:ExactResume. ReduceLROnPlateau")
+def quiet_plateau_net() -> PlateauNet:
+    model = PlateauNet("epoch", "val_loss")
+    model.net[2].p = 0.0  # no dropout: the RNG is not the first difference without ExactResume
+    return model
+
+
 def test_check_resume_names_reduce_lr_on_plateau_and_its_fix() -> None:
     """Item 3: the check's verdict names ReduceLROnPlateau, not 'return every scheduler
-    from configure_optimizers' (the module does). Of the epoch interval: Lightning skips
-    its update at the end of the first epoch after a resume (16 batches an epoch)."""
+    from configure_optimizers' (the module does), and the fix is ExactResume: Lightning
+    alone skips the epoch one's update at the end of the first epoch after a resume (16
+    batches an epoch)."""
     report = check_resume(
-        lambda: PlateauNet("epoch", "val_loss"), plateau_data, lambda: [ExactResume()],
-        steps=24, resume_at=8, ignore_attributes=("losses",),
+        quiet_plateau_net, plateau_data, list, steps=24, resume_at=8,
+        ignore_attributes=("losses",),
     )  # fmt: skip
     assert report.first is not None
     assert report.first.component == SCHEDULER, report.first.describe()
-    assert "ReduceLROnPlateau" in report.first.fix
+    assert "ReduceLROnPlateau" in report.first.fix and "add ExactResume" in report.first.fix
     assert "return every LR scheduler" not in report.first.fix
 
 
-@pytest.mark.parametrize("resume_at", [8, 17])  # validating and not
-def test_a_step_reduce_lr_on_plateau_resumes_exactly(resume_at: int) -> None:
+@pytest.mark.parametrize(
+    ("interval", "resume_at"),
+    [("step", 8), ("step", 17), ("epoch", 8), ("epoch", 16), ("epoch", 17)],
+)  # validating and not; mid-epoch, an epoch's last batch, the next epoch
+def test_reduce_lr_on_plateau_resumes_exactly(interval: str, resume_at: int) -> None:
     """Issue 54: Lightning steps it after the step's files, and a resume skipped that
-    update: ExactResume replays it on the logged metrics its file holds (after the step's
-    validation: every 4 steps)."""
+    update (an epoch one also at the end of the resumed fit's first epoch), with no
+    logged metric saved: ExactResume replays it on the metrics its file holds (after the
+    step's validation: every 4 steps)."""
+    monitor = "train_loss" if interval == "step" else "val_loss"
     assert_resumes_exactly(
-        lambda: PlateauNet("step", "train_loss"), plateau_data, lambda: [ExactResume()],
+        lambda: PlateauNet(interval, monitor), plateau_data, lambda: [ExactResume()],
         steps=24, resume_at=resume_at, ignore_attributes=("losses",),
         trainer_kwargs={"val_check_interval": 4, "check_val_every_n_epoch": None},
     )  # fmt: skip
