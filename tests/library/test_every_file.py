@@ -9,11 +9,15 @@ replays what the file came before. The runs: ``tests/modules/validating_runs.py`
 
 from __future__ import annotations
 
+import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_spikes import StepLoader
@@ -155,3 +159,25 @@ def test_a_file_of_an_epochs_last_batch_names_the_epoch_end_hooks_it_skips(
     assert bool(named) is warned, named
     if warned:
         assert "on_train_epoch_end of EpochCounter does not run" in named[0]
+
+
+WHOLE: dict[Steer, Steered] = {}
+"""The uninterrupted runs the property below compares with, each trained once."""
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 29), st.sampled_from([STOPPED, PLATEAU]))
+def test_a_sigterm_at_any_step_of_a_run_steered_by_its_validation(step: int, steer: Steer) -> None:
+    """The property of issue 53's invariance tests, with preemption at any step (issue 54):
+    a run whose validation steers it (EarlyStopping, or a plateau's LR), signaled at any
+    step, validating or not, and requeued from its file, ends as the run that got none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if steer not in WHOLE:
+            WHOLE[steer] = fit_steered(root / "whole", steer)
+        whole = WHOLE[steer]
+        first = fit_steered(root / "first", replace(steer, sigterm_at=step))
+        if first.step < step:
+            return  # the run stopped (EarlyStopping) before the signal's step
+        (ckpt,) = (root / "first" / "preempted").iterdir()
+        assert_same_end(whole, fit_steered(root / "requeued", steer, ckpt=ckpt))

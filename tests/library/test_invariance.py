@@ -7,6 +7,7 @@ validations watch it, and every file resumes that same run."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,20 +143,23 @@ def test_a_modules_own_generator_is_keyed_by_the_step_too(
 
 
 @st.composite
-def watched(draw: st.DrawFn) -> tuple[Watch, int | None, frozenset[str]]:
+def watched(draw: st.DrawFn) -> tuple[Watch, int | None, frozenset[str], int | None]:
     every = draw(st.sampled_from([None, 2, 3, 5]))
     val_every = draw(st.sampled_from([None, 2, 3, 4]))
     resume_at = draw(st.sampled_from([None, *range(every, 12, every)])) if every else None
     sites = draw(st.frozensets(st.sampled_from(sorted(SITES)), min_size=1))
-    return Watch(every=every, val_every=val_every), resume_at, sites
+    sigterm_at = draw(st.sampled_from([None, *range(1, 12)]))  # validating steps or not
+    return Watch(every=every, val_every=val_every), resume_at, sites, sigterm_at
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(watched())
 def test_any_cadence_validation_resume_and_draw_sites_give_one_run(
-    case: tuple[Watch, int | None, frozenset[str]],
+    case: tuple[Watch, int | None, frozenset[str], int | None],
 ) -> None:
-    watch, resume_at, sites = case
+    """Resumes from the every-k files and from a SIGTERM's file (issue 54: at a validating
+    step the file came before the validation, which the resume skipped)."""
+    watch, resume_at, sites, sigterm_at = case
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         alone = fit_drawing(root / "alone", Watch(), sites=sites)
@@ -165,3 +169,9 @@ def test_any_cadence_validation_resume_and_draw_sites_give_one_run(
             file = root / "watched" / "every" / f"step={resume_at}.ckpt"
             resumed = fit_drawing(root / "resumed", watch, ckpt=file, sites=sites)
             assert differences(alone, resumed) == [], (watch, resume_at, sites)
+        if sigterm_at is not None:
+            signaled = replace(watch, sigterm_at=sigterm_at)
+            fit_drawing(root / "signaled", signaled, sites=sites)
+            (file,) = (root / "signaled" / "preempted").iterdir()
+            resumed = fit_drawing(root / "requeued", watch, ckpt=file, sites=sites)
+            assert differences(alone, resumed) == [], (watch, sigterm_at, sites)

@@ -6,7 +6,9 @@ any of the ways a user watches a run."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
 from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
 
 FEATURES = 6
 
@@ -127,6 +130,18 @@ class DrawingData(pl.LightningDataModule):
         return DataLoader(NoisyRows(16, seed=2), batch_size=8)
 
 
+class SignalAt(Callback):
+    """Sends this process SIGTERM at the start of ``step`` (global step ``step - 1``), as
+    a scheduler would: PreemptionCheckpoint saves at that step's end."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler right here
+
+
 @dataclass(frozen=True)
 class Watch:
     """How a run is watched: none of these may change what it trains."""
@@ -144,6 +159,9 @@ class Watch:
     plain: bool = False
     """A plain ``DataLoader`` of the rows without augmentation instead of the StepLoader:
     the step's draws are then keyed by ExactResume alone."""
+    sigterm_at: int | None = None
+    """A SIGTERM in this step: the run stops there, PreemptionCheckpoint's file in
+    ``preempted/``."""
 
 
 @dataclass
@@ -178,6 +196,8 @@ def fit_drawing(
         callbacks.append(ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss"))
     if watch.final:
         callbacks.append(FinalCheckpoint(root / "final", every_n_steps=5))
+    if watch.sigterm_at is not None:
+        callbacks += [SignalAt(watch.sigterm_at), PreemptionCheckpoint(root / "preempted")]
     trainer = pl.Trainer(
         max_steps=steps,
         val_check_interval=watch.val_every,

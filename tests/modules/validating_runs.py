@@ -6,8 +6,6 @@ step of the test's choosing."""
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
 from lit_spikes.callbacks.final_checkpoint import FinalCheckpoint
 from lit_spikes.callbacks.preemption import PreemptionCheckpoint
-from tests.modules.drawing_runs import DrawingNet, Ended, NoisyRows
+from tests.modules.drawing_runs import DrawingNet, Ended, NoisyRows, SignalAt
 
 
 class PlateauDrawingNet(DrawingNet):
@@ -34,18 +32,6 @@ class PlateauDrawingNet(DrawingNet):
         scheduler = {"scheduler": plateau, "interval": "step", "frequency": 3,
                      "monitor": "val_loss"}  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
-
-
-class SignalAt(Callback):
-    """Sends this process SIGTERM at the start of ``step`` (global step ``step - 1``), as
-    a scheduler would: PreemptionCheckpoint saves at that step's end."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step + 1 == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler right here
 
 
 @dataclass(frozen=True)
