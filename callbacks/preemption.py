@@ -24,7 +24,6 @@ from lit_spikes.callbacks.common import (
     unused_checkpoint_path,
     validates_at_this_step_anyway,
 )
-from lit_spikes.callbacks.exact_resume import ExactResume
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _log = logging.getLogger(__name__)
@@ -262,20 +261,20 @@ class PreemptionCheckpoint(Callback):
         that only spends the signal's grace period, after the checkpoint is written. And it
         trains on past a stop until ``min_steps``/``min_epochs``, steps no file would keep
         (the resumed run still trains to them). A validation due at this step anyway runs
-        only without ExactResume (a resumed run counts it as done); with it, the file says
-        the validation is due and the resumed run replays it, so the grace period is not
-        spent on it. The ModelCheckpoints of ``dirpath`` write nothing
-        more in this fit: at the validation's and the epoch's end that Lightning runs after
-        a stop they would write this step again, beside the file. All come back at the end."""
+        (a plateau scheduler of this step reads its metric): without ExactResume, a
+        resumed run counts it as done; with it, the file says the validation is due and
+        the resumed run replays it, since the file holds none of its updates. The
+        ModelCheckpoints of ``dirpath`` write nothing more in this fit: at the validation's
+        and the epoch's end that Lightning runs after a stop they would write this step
+        again, beside the file. All come back at the end."""
         fit_loop = trainer.fit_loop
         self._stop_overrides = {
             "limit_val_batches": trainer.limit_val_batches,
             "min_steps": fit_loop.epoch_loop.min_steps,
             "min_epochs": fit_loop.min_epochs,
         }
-        replayed = any(isinstance(c, ExactResume) for c in trainer_callbacks(trainer))
-        if replayed or not validates_at_this_step_anyway(trainer):
-            trainer.limit_val_batches = 0  # under ExactResume, the resumed run replays it
+        if not validates_at_this_step_anyway(trainer):
+            trainer.limit_val_batches = 0
         fit_loop.epoch_loop.min_steps = None
         fit_loop.min_epochs = None
         self._stop_overrides["savers"] = [(c, c.save_top_k, c.save_last) for c in self._savers]

@@ -94,6 +94,21 @@ def test_a_sigterm_at_any_step_resumes_the_run_that_got_none(
     assert_same_end(whole, fit_steered(tmp_path / "resumed", STOPPED, ckpt=ckpt))
 
 
+def test_a_monitor_checkpoint_requeued_in_its_directory_keeps_its_best(tmp_path: Path) -> None:
+    """Files every 3 steps, at validating steps; the best val_loss is step 6's. Requeued
+    from step 6's file into the run's own directory (Lightning restores a monitor's best
+    only there), the validation of step 6 that the file came before was skipped: the
+    monitor never saw the best, and kept another step's file."""
+    steer = Steer(every=3, monitor=True)
+    whole = fit_steered(tmp_path, steer)
+    assert whole.best is not None and whole.best[0] == "best-step=6.ckpt"
+    requeued = fit_steered(tmp_path, steer, ckpt=tmp_path / "every" / "step=6.ckpt")
+    assert_same_end(whole, requeued)
+    assert requeued.best is not None
+    name, score = requeued.best  # a file of a name the first run left gets a version
+    assert (name.split("-v")[0].removesuffix(".ckpt") + ".ckpt", score) == whole.best
+
+
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Steered]:
     root = tmp_path_factory.mktemp("plateau")

@@ -62,6 +62,8 @@ class Steered:
     early_stopping: dict[str, Any] | None
     lrs: list[float]
     """The LR of each step this fit trained."""
+    best: tuple[str, float] | None = None
+    """The monitor ModelCheckpoint's best file (its name) and score."""
 
 
 class LRs(Callback):
@@ -84,8 +86,9 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
         every = ModelCheckpoint(root / "every", "{step}", every_n_train_steps=steer.every,
                                 save_top_k=-1)  # fmt: skip
         callbacks.append(every)
+    monitor = ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss")
     if steer.monitor:
-        callbacks.append(ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss"))
+        callbacks.append(monitor)
     if steer.final:
         callbacks.append(FinalCheckpoint(root / "final", every_n_steps=steer.every or 10**9))
     if steer.sigterm_at is not None:
@@ -112,4 +115,6 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ended = Ended(weights, tensors, model.losses, model.validations)
     state = stopper.state_dict() if stopper is not None else None
-    return Steered(ended, trainer.global_step, state, lrs.lrs)
+    score = monitor.best_model_score
+    best = (Path(monitor.best_model_path).name, float(score)) if score is not None else None
+    return Steered(ended, trainer.global_step, state, lrs.lrs, best if steer.monitor else None)

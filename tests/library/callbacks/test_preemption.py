@@ -150,16 +150,16 @@ def test_a_signal_stops_at_once_without_validating_or_training_to_min_steps(
 
 
 def test_a_signal_at_a_validation_step_keeps_that_validation(tmp_path: Path) -> None:
-    """The validation due at the signal's step runs once: in the resumed run, which
-    replays it from the file (ExactResume), not in the signal's grace period. Skipped on
-    both sides, it would be missing from the curve for good."""
+    """The validation due at the signal's step runs in the grace period (a plateau
+    scheduler of that step reads its metric), and the resumed run replays it from the
+    file (ExactResume: the file holds none of its updates). Skipped on both sides, it
+    would be missing from the curve for good."""
     preempted, resumed, straight = Validations(), Validations(), Validations()
     fit(tmp_path, "a", 12, checkpoint_every=EVERY, val_every=4, callbacks=[SignalAt(8), preempted])
     ckpt = tmp_path / "a" / "checkpoints" / "step=8.ckpt"
     fit(tmp_path, "b", 12, val_every=4, ckpt_path=ckpt, callbacks=[resumed])
     fit(tmp_path, "c", 12, val_every=4, callbacks=[straight])
-    assert preempted.at + resumed.at == straight.at == [4, 8, 12]
-    assert preempted.at == [4]
+    assert (preempted.at, resumed.at, straight.at) == ([4, 8], [8, 12], [4, 8, 12])
 
 
 def test_a_run_validates_its_final_model_off_its_validation_interval(tmp_path: Path) -> None:
