@@ -24,6 +24,8 @@ from lit_spikes.callbacks.common import (
     unused_checkpoint_path,
     validates_at_this_step_anyway,
 )
+from lit_spikes.callbacks.exact_resume import ExactResume
+from lit_spikes.callbacks.step_end import epoch_end_hooks
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _log = logging.getLogger(__name__)
@@ -32,6 +34,24 @@ _log = logging.getLogger(__name__)
 @rank_zero_only
 def rank_zero_warn_log(message: str) -> None:
     _log.warning(message)
+
+
+def _how_it_resumes(trainer: pl.Trainer) -> str:
+    """What a fit resumed from this step's file continues as: bit-exactly only under
+    ExactResume, and but for the epoch's end hooks at an epoch's last batch."""
+    if not any(isinstance(c, ExactResume) for c in trainer_callbacks(trainer)):
+        return (
+            "a fit resumed from it continues the run, not bit-exactly: without ExactResume "
+            "Lightning saves no RNG state and skips this step's validation"
+        )
+    last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    hooks = epoch_end_hooks(trainer, ExactResume) if last else []
+    if hooks:
+        return (
+            "a fit resumed from it continues bit-exactly but for this epoch's end, which "
+            f"Lightning's restart skips: on_train_epoch_end of {', '.join(hooks)}"
+        )
+    return "a fit resumed from it continues bit-exactly"
 
 
 def _requeue_signal(trainer: pl.Trainer) -> int | None:
@@ -210,7 +230,7 @@ class PreemptionCheckpoint(Callback):
         # How to resume is the caller's to say (lit-spikes fit, recover and a script differ).
         rank_zero_warn_log(
             f"Received {name}: stopped after step {trainer.global_step}, checkpoint written "
-            f"to {path}; a fit resumed from it continues bit-exactly."
+            f"to {path}; {_how_it_resumes(trainer)}."
         )
 
     @override

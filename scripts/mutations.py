@@ -40,6 +40,8 @@ DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
 CHECKPOINTS = "tests/library/test_checkpoints.py::"
 RETENTION = "tests/library/callbacks/test_retention.py::"
+EVERY_FILE = "tests/library/test_every_file.py::"
+CHECK = "tests/library/testing/test_check.py::"
 GUARANTEE_RUNS, GUARANTEE_MODULES = (
     "tests/modules/guarantee_runs.py",
     "tests/modules/guarantee_modules.py",
@@ -281,6 +283,45 @@ MUTATIONS = [
         "    bound = onset - distance\n",
         "    bound = onset\n",
         (),
+    ),
+    Mutation(
+        "step_end_not_replayed",  # a resume skips what its file came before (issue 54)
+        "callbacks/step_end.py",
+        "    ends.replaying(unfinished)\n",
+        "    return\n",
+        (
+            EVERY_FILE + "test_each_file_of_an_early_stopped_run_stops_where_it_stopped",
+            EVERY_FILE + "test_a_sigterm_at_any_step_resumes_the_run_that_got_none",
+            CHECK + "test_reduce_lr_on_plateau_resumes_exactly",
+        ),
+    ),
+    Mutation(
+        "stop_not_in_the_file",  # a run EarlyStopping ended trains on when requeued
+        "callbacks/step_end.py",
+        "        return validated and trainer.should_stop and not self._stop_before_validation\n",
+        "        return False\n",
+        (EVERY_FILE + "test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once",),
+    ),
+    Mutation(
+        "logged_metrics_not_restored",  # a plateau replayed with no metric to read
+        "callbacks/exact_resume.py",
+        "            trainer.callback_metrics.update(self._metrics)\n",
+        "            pass\n",
+        (CHECK + "test_reduce_lr_on_plateau_resumes_exactly",),
+    ),
+    Mutation(
+        "epoch_plateau_not_made_up",  # Lightning's skip at a resumed fit's first epoch end
+        "callbacks/step_end.py",
+        "        if skipped is not None:\n",
+        "        if False:\n",
+        (CHECK + "test_reduce_lr_on_plateau_resumes_exactly",),
+    ),
+    Mutation(
+        "final_file_after_validation",  # FinalCheckpoint back in on_train_end only
+        "callbacks/final_checkpoint.py",
+        "        if ends_at_this_step(trainer):\n            self._save(trainer)\n",
+        "        pass\n",
+        (EVERY_FILE + "test_extending_a_finished_run_equals_the_longer_run",),
     ),
     Mutation(
         "nan_guard_zeroes_gradients",  # TinyGPTModule's host guard: weight decay still moves

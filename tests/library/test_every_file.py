@@ -9,10 +9,12 @@ replays what the file came before. The runs: ``tests/modules/validating_runs.py`
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -22,7 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume
-from tests.modules.drawing_runs import differences
+from lit_spikes.callbacks.preemption import PreemptionCheckpoint
+from tests.modules.drawing_runs import SignalAt, differences
 from tests.modules.val_nets import ValNet, val_rows
 from tests.modules.validating_runs import Steer, Steered, fit_steered
 
@@ -80,6 +83,21 @@ def test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once(
     assert_same_end(whole, resumed)
 
 
+def test_a_requeue_from_last_ckpt_of_a_run_early_stopping_ended_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    """ModelCheckpoint(save_last=True) rewrites last.ckpt after the validation of a step
+    it saved: at step 12, the one that stopped the run. The stop was in no file: the
+    requeue from last.ckpt trained on to step 15."""
+    steer = Steer(every=4, save_last=True)
+    whole = fit_steered(tmp_path / "whole", steer)
+    assert whole.step == 12
+    last = tmp_path / "whole" / "every" / "last.ckpt"
+    requeued = fit_steered(tmp_path / "requeued", steer, steps=60, ckpt=last)
+    assert requeued.step == 12 and requeued.ended.losses == []
+    assert_same_end(whole, requeued)
+
+
 @pytest.mark.parametrize("step", [5, 6, 12])
 def test_a_sigterm_at_any_step_resumes_the_run_that_got_none(
     stopped: tuple[Path, Steered], tmp_path: Path, step: int
@@ -126,6 +144,18 @@ def test_a_plateau_scheduler_resumes_from_each_file(
     root, whole = lowered
     ckpt = root / "every" / f"step={step}.ckpt"
     assert_same_end(whole, fit_steered(tmp_path, PLATEAU, ckpt=ckpt))
+
+
+@pytest.mark.parametrize("step", [4, 6, 8])
+def test_an_epoch_plateau_scheduler_resumes_from_each_file(tmp_path: Path, step: int) -> None:
+    """6 batches an epoch. Lightning skips the epoch plateau update at the end of a resumed
+    fit's first epoch (from step 4 and 8: its LR stayed up) and that of the epoch a file
+    of its last batch ends (step 6)."""
+    steer = Steer(every=2, patience=None, plateau="epoch")
+    whole = fit_steered(tmp_path / "whole", steer)
+    assert len(set(whole.lrs)) > 2  # the plateau lowered the LR more than once
+    ckpt = tmp_path / "whole" / "every" / f"step={step}.ckpt"
+    assert_same_end(whole, fit_steered(tmp_path / "resumed", steer, ckpt=ckpt))
 
 
 @pytest.mark.parametrize("every", [7, 10])
@@ -196,3 +226,24 @@ def test_a_sigterm_at_any_step_of_a_run_steered_by_its_validation(step: int, ste
             return  # the run stopped (EarlyStopping) before the signal's step
         (ckpt,) = (root / "first" / "preempted").iterdir()
         assert_same_end(whole, fit_steered(root / "requeued", steer, ckpt=ckpt))
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
+@pytest.mark.parametrize(
+    ("exact", "says"),
+    [(True, "continues bit-exactly."), (False, "continues the run, not bit-exactly")],
+)
+def test_a_signals_message_says_bit_exact_only_where_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, exact: bool, says: str
+) -> None:
+    """ "continues bit-exactly" was printed without ExactResume too, whose resume neither
+    restores the RNG nor replays the step's validation."""
+    callbacks: list[Any] = [SignalAt(5), PreemptionCheckpoint(tmp_path)]
+    callbacks += [ExactResume()] if exact else []
+    trainer = pl.Trainer(max_steps=10, callbacks=callbacks,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lit_spikes.callbacks.preemption"):
+        trainer.fit(ValNet(), train_dataloaders=StepLoader(val_rows(), batch_size=4, seed=0))
+    (message,) = [r.getMessage() for r in caplog.records if "Received SIGTERM" in r.getMessage()]
+    assert says in message, message

@@ -23,13 +23,19 @@ from tests.modules.drawing_runs import DrawingNet, Ended, NoisyRows, SignalAt
 
 
 class PlateauDrawingNet(DrawingNet):
-    """``DrawingNet`` whose LR a ReduceLROnPlateau on val_loss lowers, checked at each
-    validating step (every 3: the step interval at a frequency of 3)."""
+    """``DrawingNet`` whose LR a ReduceLROnPlateau on val_loss lowers: checked at each
+    validating step (every 3: the step interval at a frequency of 3), or at each epoch's
+    end (6 batches)."""
+
+    def __init__(self, interval: str = "step") -> None:
+        super().__init__()
+        self.interval = interval
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=0.02)
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
-        scheduler = {"scheduler": plateau, "interval": "step", "frequency": 3,
+        scheduler = {"scheduler": plateau, "interval": self.interval,
+                     "frequency": 3 if self.interval == "step" else 1,
                      "monitor": "val_loss"}  # fmt: skip
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
@@ -42,14 +48,18 @@ class Steer:
     """A validation every so many steps."""
     every: int | None = None
     """A ModelCheckpoint every so many steps (its files in ``every/``)."""
+    save_last: bool = False
+    """That ModelCheckpoint keeps ``last.ckpt`` too (Lightning rewrites it after the
+    validation of a step it saved)."""
     monitor: bool = False
     """A ModelCheckpoint of the best val_loss (``best/``)."""
     final: bool = False
     """A FinalCheckpoint (``final/``)."""
     patience: int | None = 2
     """EarlyStopping's patience on val_loss (None: none)."""
-    plateau: bool = False
-    """ReduceLROnPlateau on val_loss, each step."""
+    plateau: bool | str = False
+    """ReduceLROnPlateau on val_loss, at each validating step (True or "step") or at
+    each epoch's end ("epoch")."""
     sigterm_at: int | None = None
     """A SIGTERM in this step; PreemptionCheckpoint writes ``preempted/``."""
 
@@ -84,7 +94,7 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
         callbacks.append(stopper)
     if steer.every:
         every = ModelCheckpoint(root / "every", "{step}", every_n_train_steps=steer.every,
-                                save_top_k=-1)  # fmt: skip
+                                save_top_k=-1, save_last=steer.save_last or None)  # fmt: skip
         callbacks.append(every)
     monitor = ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss")
     if steer.monitor:
@@ -105,7 +115,8 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
         enable_model_summary=False,
         default_root_dir=root,
     )
-    model = PlateauDrawingNet() if steer.plateau else DrawingNet()
+    interval = steer.plateau if isinstance(steer.plateau, str) else "step"
+    model = PlateauDrawingNet(interval) if steer.plateau else DrawingNet()
     train = StepLoader(NoisyRows(), 8, seed=5)
     val = DataLoader(NoisyRows(16, seed=2), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
