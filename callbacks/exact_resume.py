@@ -18,6 +18,7 @@ from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomS
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lit_spikes.callbacks.common import validates_at_this_step_anyway
 from lit_spikes.callbacks.step_end import (
     PlateauCatchUp,
     StepEnd,
@@ -316,6 +317,7 @@ class ExactResume(Callback):
         self._catch_up = PlateauCatchUp()
         self._replay: Unfinished | None = None
         self._metrics: dict[str, Any] = {}
+        self._unsaid = False
 
     @property
     @override
@@ -328,6 +330,7 @@ class ExactResume(Callback):
         self._loaded = False  # nothing of an earlier fit carries over
         self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
+        self._unsaid = False
         self._catch_up = PlateauCatchUp()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
@@ -433,6 +436,7 @@ class ExactResume(Callback):
         rank = trainer.global_rank if trainer is not None else 0
         self._restored = True
         self._replay = Unfinished.from_state(state_dict.get("step_end"))
+        self._unsaid = "seed_by_rank" in state_dict and "step_end" not in state_dict
         self._metrics = state_dict.get("callback_metrics", {})
         if "seed_by_rank" not in state_dict:  # written before the per-step seeds
             warnings.warn(
@@ -483,6 +487,16 @@ class ExactResume(Callback):
         if resumed:  # what the run had logged: a plateau's or a monitor's metric
             trainer.callback_metrics.update(self._metrics)
         unfinished, self._replay, self._metrics = self._replay, None, {}
+        unsaid, self._unsaid = self._unsaid, False
+        if resumed and unsaid and validates_at_this_step_anyway(trainer):
+            warnings.warn(
+                f"ExactResume: the checkpoint of step {trainer.global_step} was written by "
+                "an earlier lit-spikes, which did not say whether the step's validation ran "
+                "before it: if not (a ModelCheckpoint every n steps, a preemption), the "
+                "resumed run misses that validation's updates (EarlyStopping's count, a "
+                "ReduceLROnPlateau's LR, a monitor's best)",
+                stacklevel=outside_lightning(),
+            )
         if resumed and unfinished is not None and unfinished.step == trainer.global_step:
             # The file came before its step's validation or plateau update: run them now,
             # from what the step left the RNGs at (a shuffled val loader's order).

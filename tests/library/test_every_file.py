@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -247,3 +248,22 @@ def test_a_signals_message_says_bit_exact_only_where_it_is(
         trainer.fit(ValNet(), train_dataloaders=StepLoader(val_rows(), batch_size=4, seed=0))
     (message,) = [r.getMessage() for r in caplog.records if "Received SIGTERM" in r.getMessage()]
     assert says in message, message
+
+
+@pytest.mark.parametrize(("step", "warned"), [(12, True), (8, False)])
+def test_a_file_of_an_earlier_lit_spikes_at_a_validating_step_warns(
+    stopped: tuple[Path, Steered], tmp_path: Path, step: int, warned: bool
+) -> None:
+    """A file written before this issue says nothing of its step's end: at a step that
+    validates, the resume may miss that validation's updates, and says so."""
+    root, _ = stopped
+    checkpoint = torch.load(root / "every" / f"step={step}.ckpt", weights_only=True)
+    for key in ("step_end", "callback_metrics"):
+        del checkpoint["callbacks"]["ExactResume{}"][key]
+    older = tmp_path / "older.ckpt"
+    torch.save(checkpoint, older)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit_steered(tmp_path / "resumed", STOPPED, ckpt=older)
+    named = [str(w.message) for w in seen if "written by an earlier lit-spikes" in str(w.message)]
+    assert bool(named) is warned, named
