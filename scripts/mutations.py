@@ -300,7 +300,11 @@ MUTATIONS = [
         "callbacks/step_end.py",
         "        return validated and trainer.should_stop and not self._stop_before_validation\n",
         "        return False\n",
-        (EVERY_FILE + "test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once",),
+        (
+            EVERY_FILE
+            + "test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once",
+            EVERY_FILE + "test_a_resume_from_the_best_file_of_a_run_stopped_there_ends_at_once",
+        ),
     ),
     Mutation(
         "logged_metrics_not_restored",  # a plateau replayed with no metric to read
@@ -314,7 +318,10 @@ MUTATIONS = [
         "callbacks/step_end.py",
         "        if skipped is not None:\n",
         "        if False:\n",
-        (CHECK + "test_reduce_lr_on_plateau_resumes_exactly",),
+        (
+            CHECK + "test_reduce_lr_on_plateau_resumes_exactly",
+            EVERY_FILE + "test_an_epoch_plateau_scheduler_resumes_from_each_file",
+        ),
     ),
     Mutation(
         "final_file_after_validation",  # FinalCheckpoint back in on_train_end only

@@ -84,6 +84,19 @@ def test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once(
     assert_same_end(whole, resumed)
 
 
+def test_a_resume_from_the_best_file_of_a_run_stopped_there_ends_at_once(tmp_path: Path) -> None:
+    """EarlyStopping(stopping_threshold) stops the run at step 6, whose validation is the
+    best: the monitor checkpoint writes its file after that decision, which no file held
+    (the resume trained on to the next validation)."""
+    steer = Steer(monitor=True, patience=10, good_enough=1.3)
+    whole = fit_steered(tmp_path / "whole", steer)
+    assert whole.step == 6 and whole.best is not None and whole.best[0] == "best-step=6.ckpt"
+    best = tmp_path / "whole" / "best" / "best-step=6.ckpt"
+    resumed = fit_steered(tmp_path / "resumed", steer, ckpt=best)
+    assert resumed.step == 6 and resumed.ended.losses == []
+    assert_same_end(whole, resumed)
+
+
 def test_a_requeue_from_last_ckpt_of_a_run_early_stopping_ended_ends_at_once(
     tmp_path: Path,
 ) -> None:

@@ -57,6 +57,9 @@ class Steer:
     """A FinalCheckpoint (``final/``)."""
     patience: int | None = 2
     """EarlyStopping's patience on val_loss (None: none)."""
+    good_enough: float | None = None
+    """EarlyStopping's ``stopping_threshold``: it stops once val_loss is below, at a step
+    whose validation is the best (the monitor checkpoint writes then)."""
     plateau: bool | str = False
     """ReduceLROnPlateau on val_loss, at each validating step (True or "step") or at
     each epoch's end ("epoch")."""
@@ -90,7 +93,8 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
     callbacks: list[Callback] = [ExactResume(), lrs]
     stopper = None
     if steer.patience is not None:
-        stopper = EarlyStopping("val_loss", patience=steer.patience, min_delta=1e-3)
+        stopper = EarlyStopping("val_loss", patience=steer.patience, min_delta=1e-3,
+                                stopping_threshold=steer.good_enough)  # fmt: skip
         callbacks.append(stopper)
     if steer.every:
         every = ModelCheckpoint(root / "every", "{step}", every_n_train_steps=steer.every,
