@@ -112,14 +112,14 @@ def test_a_requeue_from_last_ckpt_of_a_run_early_stopping_ended_ends_at_once(
     assert_same_end(whole, requeued)
 
 
-@pytest.mark.parametrize("step", [5, 6, 12])
+@pytest.mark.parametrize(("step", "sigint"), [(5, False), (6, False), (12, False), (9, True)])
 def test_a_sigterm_at_any_step_resumes_the_run_that_got_none(
-    stopped: tuple[Path, Steered], tmp_path: Path, step: int
+    stopped: tuple[Path, Steered], tmp_path: Path, step: int, sigint: bool
 ) -> None:
-    """At a validating step (6, 12) the preemption file came before the validation: the
-    resume missed it (EarlyStopping stopped 3 steps late)."""
+    """At a validating step (6, 9, 12) the preemption file came before the validation:
+    the resume missed it (EarlyStopping stopped 3 steps late). SIGINT alike."""
     _, whole = stopped
-    steer = Steer(sigterm_at=step)
+    steer = Steer(sigterm_at=step, sigint=sigint)
     first = fit_steered(tmp_path / "first", steer)
     assert first.step == step
     (ckpt,) = (tmp_path / "first" / "preempted").iterdir()

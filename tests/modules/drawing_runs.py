@@ -131,15 +131,16 @@ class DrawingData(pl.LightningDataModule):
 
 
 class SignalAt(Callback):
-    """Sends this process SIGTERM at the start of ``step`` (global step ``step - 1``), as
-    a scheduler would: PreemptionCheckpoint saves at that step's end."""
+    """Sends this process SIGTERM (or ``signum``: SIGINT, a Ctrl-C) at the start of
+    ``step`` (global step ``step - 1``), as a scheduler would: PreemptionCheckpoint saves
+    at that step's end."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
+        self.step, self.signum = step, signum
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.global_step + 1 == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)  # Python runs the handler right here
+            os.kill(os.getpid(), self.signum)  # Python runs the handler right here
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ step of the test's choosing."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class Steer:
     each epoch's end ("epoch")."""
     sigterm_at: int | None = None
     """A SIGTERM in this step; PreemptionCheckpoint writes ``preempted/``."""
+    sigint: bool = False
+    """SIGINT (Ctrl-C) instead."""
 
 
 @dataclass
@@ -106,7 +109,8 @@ def fit_steered(root: Path, steer: Steer, steps: int = 30, ckpt: Path | None = N
     if steer.final:
         callbacks.append(FinalCheckpoint(root / "final", every_n_steps=steer.every or 10**9))
     if steer.sigterm_at is not None:
-        callbacks += [SignalAt(steer.sigterm_at), PreemptionCheckpoint(root / "preempted")]
+        signum = signal.SIGINT if steer.sigint else signal.SIGTERM
+        callbacks += [SignalAt(steer.sigterm_at, signum), PreemptionCheckpoint(root / "preempted")]
     trainer = pl.Trainer(
         max_steps=steps,
         val_check_interval=steer.val_every,

@@ -202,14 +202,16 @@ def test_a_resume_that_cannot_train_is_refused_before_any_file(  # type: ignore[
         assert message in err and not mine.exists(), (args, err)
 
 
-VALIDATING = [
+DRAWING = [
     "--model", "tests.modules.drawing_runs.DrawingNet", "--data",
-    "tests.modules.drawing_runs.DrawingData", "--trainer.max_steps", "30",
-    "--checkpoint_every", "10", "--trainer.val_check_interval", "5",
-    "--trainer.gradient_clip_val", "0.5", "--trainer.callbacks+=tests.modules.killer.KillAtStep",
+    "tests.modules.drawing_runs.DrawingData", "--trainer.gradient_clip_val", "0.5",
 ]  # fmt: skip
-"""A module that draws everywhere (dropout, augmentation, a validation that draws),
-validated every 5 steps, with files every 10."""
+"""A module that draws everywhere (dropout, augmentation, a validation that draws)."""
+VALIDATING = [
+    *DRAWING, "--trainer.max_steps", "30", "--checkpoint_every", "10",
+    "--trainer.val_check_interval", "5", "--trainer.callbacks+=tests.modules.killer.KillAtStep",
+]  # fmt: skip
+"""Validated every 5 steps, with files every 10."""
 
 
 def test_a_sigterm_at_a_validating_step_requeued_is_the_run_that_got_none(tmp_path: Path) -> None:
@@ -228,4 +230,27 @@ def test_a_sigterm_at_a_validating_step_requeued_is_the_run_that_got_none(tmp_pa
     assert_states_equal(
         load_ckpt(whole / "checkpoints" / "step=30.ckpt"),
         load_ckpt(killed / "checkpoints" / "step=30.ckpt"),
+    )
+
+
+@pytest.mark.parametrize("every", ["7", "10"])
+def test_a_finished_run_extended_is_the_longer_run(tmp_path: Path, every: str) -> None:
+    """Issue 54: 30 steps validated every 3, then ``--ckpt_path last --trainer.max_steps
+    63``: from step 30's file off the checkpoint interval (FinalCheckpoint's, written after
+    the final validation) and on it (before that validation). Off the interval the result
+    differed from step 31 on."""
+    run = [*DRAWING, "--trainer.val_check_interval", "3", "--checkpoint_every", every]
+    longer, short = tmp_path / "longer", tmp_path / "short"
+    done = lit_spikes("fit", *run, "--trainer.max_steps", "63", "--trainer.default_root_dir",
+                      str(longer))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = lit_spikes("fit", *run, "--trainer.max_steps", "30", "--trainer.default_root_dir",
+                      str(short))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    extend = ["--trainer.default_root_dir", str(short), "--ckpt_path", "last"]
+    done = lit_spikes("fit", *extend, "--trainer.max_steps", "63")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_states_equal(
+        load_ckpt(longer / "checkpoints" / "step=63.ckpt"),
+        load_ckpt(short / "checkpoints" / "step=63.ckpt"),
     )
