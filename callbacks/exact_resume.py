@@ -18,7 +18,6 @@ from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomS
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import validates_at_this_step_anyway
 from lit_spikes.callbacks.step_end import (
     PlateauCatchUp,
     StepEnd,
@@ -26,6 +25,7 @@ from lit_spikes.callbacks.step_end import (
     epoch_end_hooks,
     replay,
     saved_metrics,
+    step_validates,
 )
 from lit_spikes.loader import StepLoader
 from lit_spikes.randomness import (
@@ -488,7 +488,7 @@ class ExactResume(Callback):
             trainer.callback_metrics.update(self._metrics)
         unfinished, self._replay, self._metrics = self._replay, None, {}
         unsaid, self._unsaid = self._unsaid, False
-        if resumed and unsaid and validates_at_this_step_anyway(trainer):
+        if resumed and unsaid and step_validates(trainer):
             warnings.warn(
                 f"ExactResume: the checkpoint of step {trainer.global_step} was written by "
                 "an earlier lit-spikes, which did not say whether the step's validation ran "

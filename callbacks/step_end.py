@@ -85,7 +85,7 @@ class StepEnd:
         come. A validation Lightning adds for a stop (``should_stop``) is not due: the run
         that was not stopped does not validate there."""
         self.closed(trainer)
-        due = trainer.enable_validation and validates_at_this_step_anyway(trainer)
+        due = step_validates(trainer)
         last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         self._started = Unfinished(
             trainer.global_step, due, plateau=True, epoch=epoch_counts(trainer),
@@ -144,6 +144,14 @@ class StepEnd:
         self.open, self._started = replace(unfinished), None
 
 
+def step_validates(trainer: pl.Trainer) -> bool:
+    """Whether the run's schedule validates after this step: Lightning's rule less a stop
+    (``validates_at_this_step_anyway``). A time-based ``val_check_interval`` is no function
+    of the step: nothing is said to be due, nothing replayed."""
+    timed = trainer.val_check_batch is None  # what Lightning's fit loop sets for one
+    return trainer.enable_validation and not timed and validates_at_this_step_anyway(trainer)
+
+
 def epoch_counts(trainer: pl.Trainer) -> tuple[int, int]:
     current: Any = trainer.fit_loop.epoch_progress.current  # a _ProcessedTracker
     return current.completed, current.processed
@@ -191,7 +199,7 @@ def replay(
     ends.replaying(unfinished)
     epoch_loop = trainer.fit_loop.epoch_loop
     with epoch_as(trainer, unfinished.epoch):  # the resumed run's schedule at that step:
-        due = trainer.enable_validation and validates_at_this_step_anyway(trainer)
+        due = step_validates(trainer)
     if unfinished.validation and due:  # a branch validating elsewhere does not replay it
         val_loop = epoch_loop.val_loop
         restarting, val_loop.restarting = val_loop.restarting, False  # a whole validation

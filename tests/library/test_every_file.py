@@ -280,3 +280,20 @@ def test_a_file_of_an_earlier_lit_spikes_at_a_validating_step_warns(
         fit_steered(tmp_path / "resumed", STOPPED, ckpt=older)
     named = [str(w.message) for w in seen if "written by an earlier lit-spikes" in str(w.message)]
     assert bool(named) is warned, named
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
+def test_a_time_based_validation_is_never_said_to_be_due(tmp_path: Path) -> None:
+    """A validation every so many seconds is no function of the step: no file says one is
+    due, and no resume replays one the run may never have run."""
+    every = ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=2, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=6, callbacks=[ExactResume(), every], logger=False,
+                         val_check_interval="00:00:00:01", check_val_every_n_epoch=None,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)  # fmt: skip
+    loader = StepLoader(val_rows(), batch_size=4, seed=0)
+    trainer.fit(ValNet(), train_dataloaders=loader, val_dataloaders=loader)
+    for step in (2, 4, 6):
+        state = torch.load(tmp_path / f"step={step}.ckpt", weights_only=True)
+        step_end = state["callbacks"]["ExactResume{}"]["step_end"]
+        assert step_end is not None and step_end["validation"] is False, step_end
