@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.loader_positions import position_warnings, train_loaders
 from lit_spikes.callbacks.step_end import (
+    AfterFileWatch,
     PlateauCatchUp,
     StepEnd,
     Unfinished,
@@ -251,6 +252,7 @@ class ExactResume(Callback):
         self._hook: RemovableHandle | None = None
         self._step_end = StepEnd()
         self._catch_up = PlateauCatchUp()
+        self._after_file = AfterFileWatch()
         self._replay: Unfinished | None = None
         self._metrics: dict[str, Any] = {}
         self._unsaid = False
@@ -359,6 +361,17 @@ class ExactResume(Callback):
             "step_end": unfinished.state() if unfinished is not None else None,
             "callback_metrics": saved_metrics(trainer),
         }
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._after_file.saved(trainer, pl_module, self._step_end)
+
+    def _check_after_file(self, pl_module: pl.LightningModule) -> None:
+        text = self._after_file.changed(pl_module)
+        if text is not None:
+            warnings.warn(text, stacklevel=outside_lightning())
 
     @override
     def on_load_checkpoint(
@@ -479,6 +492,7 @@ class ExactResume(Callback):
                     "optimization, or the loader iterated outside the fit). StepLoader "
                     "serves the batch of each global step: advance it once per batch"
                 )
+        self._check_after_file(pl_module)
         self._step_end.batch_started(trainer)  # the previous step's end ran
         self._seed_for(STEP, trainer.global_step, batch_idx % trainer.accumulate_grad_batches)
 
@@ -500,15 +514,18 @@ class ExactResume(Callback):
         # Lightning's isolate_rng, before the first step) is keyed without fixing the seed.
         self._seed_for(VALIDATION, trainer.global_step, sanity_check=trainer.sanity_checking)
         if not trainer.sanity_checking:
+            self._check_after_file(pl_module)
             self._step_end.validation_started(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check_after_file(pl_module)
         self._step_end.epoch_ended(trainer)  # the last step's validation and plateau ran
         self._catch_up.epoch_ended(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check_after_file(pl_module)
         self._catch_up.make_up(trainer)
         self._step_end.closed(trainer)
 

@@ -267,3 +267,55 @@ class PlateauCatchUp:
         if skipped is not None:
             with epoch_as(trainer, skipped):
                 trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", True)
+
+
+class AfterFileWatch:
+    """Names what a module's own ``on_train_batch_end`` changes after its step's file:
+    Lightning calls it after every callback's, where the files are written, so a resume
+    from that file misses the change (an EMA buffer updated there, a counter). At a save
+    in a step's ``on_train_batch_end`` it notes each tensor of the module's state and its
+    version counter (bumped by every in-place write); at the next hook (a validation's
+    start, the next step's, the epoch's or the fit's end) it compares. No copy, no host
+    read: only where the module has such a hook of its own."""
+
+    def __init__(self) -> None:
+        self._noted: tuple[int, dict[str, tuple[torch.Tensor, int]]] | None = None
+        self.warned = False
+
+    def saved(self, trainer: pl.Trainer, pl_module: pl.LightningModule, ends: StepEnd) -> None:
+        current = ends.unfinished(trainer)
+        in_batch_end = current is not None and current.plateau  # before the validation
+        own_hook = _overrides_hook(pl_module, "on_train_batch_end")
+        if self.warned or not in_batch_end or not own_hook:
+            return
+        state = pl_module.state_dict(keep_vars=True)
+        # Private: a tensor's version counter is what sees an in-place write, with no copy
+        # of the state and no host read; torch has no public equivalent.
+        self._noted = (trainer.global_step, {k: (t, t._version) for k, t in state.items()})
+
+    def changed(self, pl_module: pl.LightningModule) -> str | None:
+        """The warning, once, if the module's state changed since the file was noted."""
+        noted, self._noted = self._noted, None
+        if noted is None:
+            return None
+        step, tensors = noted
+        state = pl_module.state_dict(keep_vars=True)
+        moved = [
+            name for name, (tensor, version) in tensors.items()
+            if state.get(name) is not tensor or tensor._version != version
+        ]  # fmt: skip
+        if not moved:
+            return None
+        self.warned = True
+        return (
+            f"ExactResume: {type(pl_module).__name__}.on_train_batch_end changed "
+            f"{', '.join(moved[:5])}{' ...' if len(moved) > 5 else ''} after the file of step "
+            f"{step} was written (Lightning calls the module's hook after the callbacks', "
+            "where files are written): a resume from that file misses the change. Make it "
+            "in a callback listed before the checkpoint callbacks, or in the module's "
+            "on_before_zero_grad or optimizer_step, which run before the files"
+        )
+
+
+def _overrides_hook(pl_module: pl.LightningModule, hook: str) -> bool:
+    return getattr(type(pl_module), hook, None) is not getattr(pl.LightningModule, hook, None)

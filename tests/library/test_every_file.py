@@ -297,3 +297,40 @@ def test_a_time_based_validation_is_never_said_to_be_due(tmp_path: Path) -> None
         state = torch.load(tmp_path / f"step={step}.ckpt", weights_only=True)
         step_end = state["callbacks"]["ExactResume{}"]["step_end"]
         assert step_end is not None and step_end["validation"] is False, step_end
+
+
+class EmaInBatchEnd(ValNet):
+    """Keeps an average of its first layer's weight, updated in its own on_train_batch_end
+    (where many modules keep an EMA)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("ema", self.net[0].weight.detach().clone())
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ema.mul_(0.9).add_(self.net[0].weight.detach(), alpha=0.1)
+
+
+class LogsInBatchEnd(ValNet):
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.log("seen", float(batch_idx))  # changes no state a file holds
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no")
+@pytest.mark.parametrize(("module", "warned"), [(EmaInBatchEnd, True), (LogsInBatchEnd, False)])
+def test_state_a_modules_own_batch_end_changes_after_the_file_is_named(
+    tmp_path: Path, module: type[ValNet], warned: bool
+) -> None:
+    """Lightning calls the module's on_train_batch_end after the callbacks' (where the
+    files are written): the change is in no file of its step, and a resume misses it."""
+    every = ModelCheckpoint(tmp_path, "{step}", every_n_train_steps=3, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=7, callbacks=[ExactResume(), every], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(module(), train_dataloaders=StepLoader(val_rows(), batch_size=4, seed=0))
+    named = [str(w.message) for w in seen if "on_train_batch_end changed" in str(w.message)]
+    assert len(named) == int(warned), named  # once a fit
+    if warned:
+        assert "EmaInBatchEnd.on_train_batch_end changed ema after the file of step 3" in named[0]
