@@ -233,17 +233,27 @@ def test_a_sigterm_at_a_validating_step_requeued_is_the_run_that_got_none(tmp_pa
     )
 
 
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """63 steps validated every 3, files every 7 (the cadence changes nothing: issue 53)."""
+    root = tmp_path_factory.mktemp("longer")
+    run = [*DRAWING, "--trainer.val_check_interval", "3", "--checkpoint_every", "7"]
+    done = lit_spikes("fit", *run, "--trainer.max_steps", "63", "--trainer.default_root_dir",
+                      str(root))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
 @pytest.mark.parametrize("every", ["7", "10"])
-def test_a_finished_run_extended_is_the_longer_run(tmp_path: Path, every: str) -> None:
+def test_a_finished_run_extended_is_the_longer_run(
+    longer: Path, tmp_path: Path, every: str
+) -> None:
     """Issue 54: 30 steps validated every 3, then ``--ckpt_path last --trainer.max_steps
     63``: from step 30's file off the checkpoint interval (FinalCheckpoint's, written after
     the final validation) and on it (before that validation). Off the interval the result
     differed from step 31 on."""
     run = [*DRAWING, "--trainer.val_check_interval", "3", "--checkpoint_every", every]
-    longer, short = tmp_path / "longer", tmp_path / "short"
-    done = lit_spikes("fit", *run, "--trainer.max_steps", "63", "--trainer.default_root_dir",
-                      str(longer))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    short = tmp_path / "short"
     done = lit_spikes("fit", *run, "--trainer.max_steps", "30", "--trainer.default_root_dir",
                       str(short))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
