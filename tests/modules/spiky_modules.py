@@ -12,6 +12,7 @@ class path on a command line) imports them by name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,15 @@ class JumpRegressor(pl.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+
+class CosineRegressor(JumpRegressor):
+    """``JumpRegressor`` whose LR follows a cosine over the run's ``trainer.max_steps``, the
+    common idiom: a replay of another length trains another schedule."""
+
+    def factor(self, step: int) -> float:
+        total = max(1, self.trainer.max_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(step, total) / total)) * super().factor(step)
 
 
 class FaultyRegressor(JumpRegressor):

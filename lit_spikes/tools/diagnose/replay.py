@@ -155,6 +155,20 @@ class StepStart(Callback):
         self.recorder.mark_step_start()
 
 
+class StopAfter(Callback):
+    """Stops a replay after global step ``step``: the replay trains the run's own length
+    (``max_steps``, which a module's schedule may read), and stops where it has seen
+    enough."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
 @dataclass(frozen=True)
 class Judge:
     """The settings of the detector that judges every replay, and whose they are."""
@@ -246,14 +260,18 @@ class Replayer:
         callbacks = with_exact_resume(callbacks, self.config.exact_resume)
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))
-        callbacks.append(StepStart(recorder))
         # Past the LR schedule's end too (a run, recover's, may train on at its floor LR),
-        # but not past the run's: a OneCycleLR raises there.
+        # but not past the run's: a OneCycleLR raises there. The run's own max_steps where
+        # its record says it (a cosine over trainer.max_steps reads it), stopped early.
         end = self.spike_step + self.config.horizon + 1
+        if self.end_step is not None:
+            end = min(end, self.end_step)
+            callbacks.append(StopAfter(end))
+        callbacks.append(StepStart(recorder))
         spec = RunSpec(
             log_root=self.log_root,
             name=label,
-            max_steps=end if self.end_step is None else min(end, self.end_step),
+            max_steps=end if self.end_step is None else self.end_step,
             callbacks=callbacks,
             progress_bar=False,
             trainer_kwargs={"limit_val_batches": 0, **self.trainer_kwargs},

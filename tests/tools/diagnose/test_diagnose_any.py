@@ -25,7 +25,12 @@ from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
 from lit_spikes.tools.training import checkpoint_path, quiet_branches, step_checkpoint
-from tests.modules.spiky_modules import FaultyRegressor, JumpRegressor, StepRegressionData
+from tests.modules.spiky_modules import (
+    CosineRegressor,
+    FaultyRegressor,
+    JumpRegressor,
+    StepRegressionData,
+)
 
 STEPS, EVERY, K = 36, 10, 10
 """The original runs' length, their checkpoint interval, the checkpoint diagnosed."""
@@ -47,6 +52,7 @@ def original_run(
     data: Any,
     callbacks: Sequence[Any] = (),
     exact_resume: bool = True,
+    **trainer_kwargs: Any,
 ) -> Path:
     """A plain Lightning run: ``ExactResume`` (unless not ``exact_resume``),
     ``step=<k>.ckpt`` every ``EVERY`` steps and TensorBoard events (where diagnose reads
@@ -64,6 +70,7 @@ def original_run(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
+        **trainer_kwargs,
     )
     with warnings.catch_warnings(), quiet_branches():  # levels put back after
         warnings.simplefilter("ignore")  # Lightning's notes on workers and the like
@@ -184,6 +191,23 @@ def test_a_lit_spikes_fit_run_is_diagnosed_from_its_config_yaml(tmp_path: Path) 
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     verdict = diagnose(ckpt, SPIKE, CONFIG)
     assert verdict.cause == "not-reproducible", verdict.evidence
+
+
+def test_a_schedule_over_the_runs_max_steps_is_replayed_with_them(tmp_path: Path) -> None:
+    """Issue 55: a cosine over ``trainer.max_steps``, clipping and a poisoned batch. The
+    replays ran with max_steps at the spike plus the horizon: another schedule from the
+    second replayed step, and a verdict of 'not-reproducible ... hardware fault'."""
+    data = StepRegressionData(poison=[SPIKE])
+    run = original_run(tmp_path, "cosine", CosineRegressor(), data, gradient_clip_val=1.0)
+    saved = {
+        "model": {"class_path": "tests.modules.spiky_modules.CosineRegressor"},
+        "data": {"class_path": DATA, "init_args": {"poison": [SPIKE]}},
+        "trainer": {"max_steps": STEPS, "gradient_clip_val": 1.0},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
+    assert verdict.cause == "data-caused", verdict.evidence
+    assert verdict.same_data.bit_equal and verdict.same_data.last_step == SPIKE + CONFIG.horizon
 
 
 def test_the_module_is_asked_for_where_the_file_cannot_say(tmp_path: Path) -> None:
