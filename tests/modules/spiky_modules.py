@@ -151,6 +151,16 @@ class CosineRegressor(JumpRegressor):
         return 0.5 * (1 + math.cos(math.pi * min(step, total) / total)) * super().factor(step)
 
 
+class TrainLossRegressor(JumpRegressor):
+    """``JumpRegressor`` that logs its loss as ``train_loss``, the common name."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=False)
+        return loss
+
+
 class FaultyRegressor(JumpRegressor):
     """``JumpRegressor`` without a jump, whose first weight matrix is corrupted (scaled by
     ``fault_scale``) at the start of step ``fault_step``, once: the marker file

@@ -30,10 +30,10 @@ from lit_spikes.tools.diagnose.verdict import Replay, bit_equal, rise
 from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
 from lit_spikes.tools.training import RunSpec, quiet_branches
 
-LOSS_TAGS = ("train/loss", "loss")
+LOSS_TAGS = ("train/loss", "loss", "train_loss", "train_loss_step", "loss_step")
 """The TensorBoard tags a run's loss is looked for under, in order (TinyGPTModule logs
-``train/loss``; a module's ``self.log("loss", ...)`` is ``loss``), after the detector's
-monitor."""
+``train/loss``; a module's ``self.log("loss", ...)`` is ``loss``, ``"train_loss"`` the
+common name, ``_step`` where it is logged on_epoch too), after the detector's monitor."""
 
 
 class CheckpointReads:
@@ -60,8 +60,15 @@ def logged_losses(run_dir: Path, tags: Sequence[str] = LOSS_TAGS) -> dict[int, f
     """The loss a run logged to TensorBoard, by step (the last value of a step logged
     twice), under the first of ``tags`` its events hold; empty when it has no events or
     none of them."""
+    return logged_curve(run_dir, tags)[1]
+
+
+def logged_curve(
+    run_dir: Path, tags: Sequence[str] = LOSS_TAGS
+) -> tuple[str | None, dict[int, float]]:
+    """``logged_losses`` and the tag it read (None: none)."""
     if not any(run_dir.glob("events.out.tfevents.*")):
-        return {}
+        return None, {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -69,8 +76,8 @@ def logged_losses(run_dir: Path, tags: Sequence[str] = LOSS_TAGS) -> dict[int, f
     held = accumulator.Tags().get("scalars", [])
     for tag in tags:
         if tag in held:
-            return {int(e.step): float(e.value) for e in accumulator.Scalars(tag)}
-    return {}
+            return tag, {int(e.step): float(e.value) for e in accumulator.Scalars(tag)}
+    return None, {}
 
 
 def logged_loss(run_dir: Path, step: int, tags: Sequence[str] = LOSS_TAGS) -> float | None:

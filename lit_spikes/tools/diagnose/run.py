@@ -22,7 +22,7 @@ from lit_spikes.tools.diagnose.replay import (
     Judge,
     Replayer,
     judge_of,
-    logged_losses,
+    logged_curve,
 )
 from lit_spikes.tools.diagnose.subject import (
     CallbacksSource,
@@ -94,9 +94,9 @@ def diagnose(
     trainer_kwargs = dict(trainer_kwargs or {})
     if "gradient_clip_val" not in trainer_kwargs:
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
-    original = original_loss
+    original, tag = original_loss, None
     if original is None:
-        original = _logged_original(ckpt_path, spike_step, _loss_tags(config, judge))
+        original, tag = _logged_original(ckpt_path, spike_step, _loss_tags(config, judge))
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
         replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
@@ -106,6 +106,8 @@ def diagnose(
         verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
     # After replay (a)'s line, which stays the first
     notes = [f"Judged by {judge.source}."]
+    if tag is not None:
+        notes.append(f"The original loss is the run's TensorBoard tag {tag!r}.")
     replayed_to = spike_step + config.horizon + 1
     if end is not None and end[0] < replayed_to:
         notes.append(f"Replays end at step {end[0]}, the run's end ({end[1]}), not {replayed_to}.")
@@ -115,7 +117,8 @@ def diagnose(
 
 def _loss_tags(config: DiagnoseConfig, judge: Judge) -> tuple[str, ...]:
     """The TensorBoard tags the run's loss may be under: the configured one, else
-    ``train/loss``, the judging detector's monitored names (the run's), ``loss``."""
+    ``train/loss``, the judging detector's monitored names (the run's), then the common
+    names of a training loss (``LOSS_TAGS``)."""
     if config.loss_tag is not None:
         return (config.loss_tag,)
     watched = [name for name in judge.monitors if name != "grad_norm"]
@@ -183,14 +186,16 @@ def _check_files(
         _refuse_another_run(ckpt_path, reads(ckpt_path), Path(earlier_ckpt), reads)
 
 
-def _logged_original(ckpt_path: Path, spike_step: int, tags: tuple[str, ...]) -> float | None:
+def _logged_original(
+    ckpt_path: Path, spike_step: int, tags: tuple[str, ...]
+) -> tuple[float | None, str | None]:
     """The loss the checkpoint's run logged at ``spike_step`` (its TensorBoard events,
-    under the first of ``tags`` they hold).
+    under the first of ``tags`` they hold), and that tag.
 
     Raises:
         ValueError: a step past the run's last logged one (a typo, most likely).
     """
-    logged = logged_losses(ckpt_path.parent.parent, tags)
+    tag, logged = logged_curve(ckpt_path.parent.parent, tags)
     if logged and spike_step > max(logged):
         # a typo (1470 for 147) would replay a thousand steps, then find no spike
         raise ValueError(
@@ -198,7 +203,8 @@ def _logged_original(ckpt_path: Path, spike_step: int, tags: tuple[str, ...]) ->
             f"({max(logged)}): give a step of that run (or its loss, --spike_loss, for a "
             "step it did not log)"
         )
-    return logged.get(spike_step)
+    value = logged.get(spike_step)
+    return value, tag if value is not None else None
 
 
 def _incomparable(checkpoint: dict[str, Any]) -> str | None:

@@ -20,7 +20,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lit_spikes.callbacks import ExactResume
+from lit_spikes.callbacks import ExactResume, SpikeDetector
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
@@ -30,6 +30,7 @@ from tests.modules.spiky_modules import (
     FaultyRegressor,
     JumpRegressor,
     StepRegressionData,
+    TrainLossRegressor,
 )
 
 STEPS, EVERY, K = 36, 10, 10
@@ -208,6 +209,19 @@ def test_a_schedule_over_the_runs_max_steps_is_replayed_with_them(tmp_path: Path
     verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
     assert verdict.cause == "data-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.last_step == SPIKE + CONFIG.horizon
+
+
+def test_the_runs_own_loss_curve_is_found_and_named(tmp_path: Path) -> None:
+    """Issue 55: SpikeDetector() at its default monitor (what training_step returns) and a
+    module that logs train_loss: diagnose said "no original loss to compare with" unless
+    --loss_tag train_loss was given. It reads that curve now, and says so."""
+    data = functools.partial(StepRegressionData, poison=[SPIKE])
+    run = original_run(tmp_path, "named", TrainLossRegressor(), data(), [SpikeDetector()])
+    ckpt = checkpoint_path(run, K)
+    verdict = diagnose(ckpt, SPIKE, CONFIG, model=TrainLossRegressor, data=data)
+    assert verdict.cause == "data-caused" and verdict.same_data.bit_equal, verdict.evidence
+    assert verdict.original_loss is not None
+    assert "The original loss is the run's TensorBoard tag 'train_loss'." in verdict.evidence
 
 
 def test_the_module_is_asked_for_where_the_file_cannot_say(tmp_path: Path) -> None:
