@@ -113,6 +113,38 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
+LOOP_TRAINER_ARGS = {
+    "max_steps": "--max_steps", "max_epochs": "--max_steps", "val_check_interval": "--val_every",
+    "check_val_every_n_epoch": "--val_every", "devices": "--devices", "num_nodes": "--num_nodes",
+    "strategy": "--strategy", "callbacks": "--ladder", "logger": "--log_root",
+    "default_root_dir": "--log_root", "enable_checkpointing": "--checkpoint_every",
+}  # fmt: skip
+"""Trainer arguments the loop sets itself, and the option of recover's that sets each."""
+
+
+def check_trainer_args(trainer: Any) -> dict[str, Any]:
+    """``trainer`` as Trainer keyword arguments, each one the Trainer takes and the loop
+    does not set itself.
+
+    Raises:
+        ValueError: naming the argument and the option to use instead.
+    """
+    if trainer is None:
+        return {}
+    if not isinstance(trainer, Mapping):
+        raise ValueError(f"trainer={trainer!r} must be a mapping of Trainer arguments")
+    known = inspect.signature(pl.Trainer.__init__).parameters
+    for name in trainer:
+        if name in LOOP_TRAINER_ARGS:
+            raise ValueError(
+                f"--trainer.{name}: recover sets it for every branch; use its option "
+                f"{LOOP_TRAINER_ARGS[name]}"
+            )
+        if name not in known or name == "self":
+            raise ValueError(f"--trainer.{name}: the Trainer takes no argument {name!r}")
+    return dict(trainer)
+
+
 def _mapping(value: Any, what: str) -> dict[str, Any]:
     if value is None:  # "config:" left empty in a YAML file: the defaults
         return {}
@@ -180,6 +212,13 @@ class RecoverConfig:
     """``"auto"`` or ``"ddp"``: with several processes both mean DDP, whose processes
     the loop starts once and keeps for every branch (``ddp_spawn`` would start new ones
     for each branch and lose the callbacks' decisions on the way back)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Trainer arguments every branch trains with, as ``lit-spikes fit``'s ``--trainer.*``
+    (``--trainer.gradient_clip_val 1.0``, ``precision``, ``accumulate_grad_batches``,
+    ``limit_val_batches``, ...). Those the loop sets itself are its own options here:
+    ``max_steps``, ``val_check_interval`` (``val_every``), ``devices``, ``num_nodes``,
+    ``strategy``; ``callbacks`` (the ladder), ``logger``, ``default_root_dir``
+    (``log_root``) and ``enable_checkpointing`` (``checkpoint_every``) are the loop's."""
     exact_resume: bool = True
     """Every branch trains with ``ExactResume`` (its checkpoints hold the RNG states, a
     resume seeks the StepLoader) where the module brings none itself (False: as the
@@ -205,6 +244,7 @@ class RecoverConfig:
         self._check_counts()
         self._check_default_run()
         self._check_processes()
+        object.__setattr__(self, "trainer", check_trainer_args(self.trainer))
 
     def _check_ladder(self) -> None:
         if self.max_steps is None and not self.builtin_model:
@@ -345,10 +385,11 @@ class RecoverConfig:
         return self.devices * self.num_nodes
 
     def trainer_kwargs(self) -> dict[str, Any]:
-        """The Trainer arguments every branch adds for its processes (none for one)."""
+        """The Trainer arguments every branch adds: ``trainer``'s and its processes'."""
         if self.world_size == 1 and self.strategy == "auto":
-            return {}
-        return {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": "ddp"}
+            return dict(self.trainer)
+        ddp = {"devices": self.devices, "num_nodes": self.num_nodes, "strategy": "ddp"}
+        return {**self.trainer, **ddp}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (``from_dict`` reads it back)."""

@@ -7,6 +7,7 @@ restarted it ends with the same weights."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,3 +282,42 @@ def test_a_module_configured_by_a_dataclass_gets_one(tmp_path: Path) -> None:
     result = recover(jump_config(tmp_path / "dataclass", model=model, compare=False))
     assert result.ledger.interventions[0].accepted == "spike1/scale_lr"
     assert result.ledger.config["model"]["init_args"]["settings"]["jump_step"] == JUMP_STEP
+
+
+def test_the_command_lines_trainer_settings_train_every_branch(tmp_path: Path) -> None:
+    """Issue 55: recover took no --trainer.*, so a run's gradient_clip_val=1.0 was dropped
+    and every branch trained another run than the one that spiked. Each branch's files
+    record the clipping they trained with, and the ledger the setting."""
+    from lit_spikes.tools.recover.cli import parse
+
+    argv = ["--model", MODEL, "--max_steps", "60", "--val_every", "null"]
+    parsed, _ = parse([*argv, "--trainer.gradient_clip_val", "1.0"])
+    assert parsed.trainer == {"gradient_clip_val": 1.0}
+    result = recover(poison_config(tmp_path, trainer=parsed.trainer))
+    (intervention,) = result.ledger.interventions  # the poisoned batch spikes, clipped too
+    assert intervention.tried == ["spike1/scale_lr", "spike1/skip_data"]
+    assert intervention.accepted == "spike1/skip_data"
+    assert result.ledger.config["trainer"] == {"gradient_clip_val": 1.0}
+    files = [*tmp_path.glob("*/checkpoints/*.ckpt"), *tmp_path.glob("*/*/checkpoints/*.ckpt")]
+    trained = {f.parent.parent.relative_to(tmp_path).as_posix() for f in files}
+    assert trained >= {"base", "spike1/scale_lr", "spike1/skip_data"}, trained
+    for file in files:
+        clip = torch.load(file, weights_only=True)["callbacks"]["ExactResume{}"]["fingerprint"]
+        assert clip["gradient_clip"] == {"value": 1.0, "algorithm": "norm"}, file
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "max_steps",
+            "--trainer.max_steps: recover sets it for every branch; use its option --max_steps",
+        ),
+        ("gradient_clip", "--trainer.gradient_clip: the Trainer takes no argument 'gradient_clip'"),
+    ],
+)
+def test_trainer_settings_the_loop_sets_or_the_trainer_lacks_are_refused(
+    tmp_path: Path, name: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        jump_config(tmp_path, trainer={name: 1})
