@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from lit_spikes import StepLoader
 
@@ -149,6 +149,34 @@ class CosineRegressor(JumpRegressor):
     def factor(self, step: int) -> float:
         total = max(1, self.trainer.max_steps)
         return 0.5 * (1 + math.cos(math.pi * min(step, total) / total)) * super().factor(step)
+
+
+class ValidatedRegressionData(StepRegressionData):
+    """``StepRegressionData`` with a validation loader (256 rows of the same problem)."""
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(RegressionRows(256, seed=0), batch_size=64)
+
+
+class PlateauRegressor(JumpRegressor):
+    """``JumpRegressor`` validated (``val_loss``), whose LR a ReduceLROnPlateau on val_loss
+    halves, checked every ``every`` steps (the validation interval): a replay that does not
+    validate as the run did trains another LR."""
+
+    def __init__(self, every: int = 5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.every = every
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams["lr"])
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+        scheduler = {"scheduler": plateau, "interval": "step", "frequency": self.every,
+                     "monitor": "val_loss"}  # fmt: skip
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
 
 class TrainLossRegressor(JumpRegressor):

@@ -64,8 +64,10 @@ def diagnose(
             Replay (b) skips data positions: a ``StepLoader`` or ``PositionedData``.
         callbacks: the run's callbacks, a list (copied for each replay) or a factory
             (None: rebuilt as a ``lit-spikes fit`` resume does; ``subject``).
-        trainer_kwargs: other Trainer arguments of the run (None: the checkpoint's
-            gradient clipping; ``gradient_clip_val`` sets another, 0 none).
+        trainer_kwargs: other Trainer arguments of the run, over those its
+            ``config.yaml`` records (``REPLAYED_TRAINER``: precision, accumulation,
+            validation interval and batches, clipping, ...) and the checkpoint's gradient
+            clipping; ``gradient_clip_val`` sets another, 0 none.
         original_loss: the loss the run logged at ``spike_step`` (None: from the run's
             TensorBoard events, ``<ckpt>/../..``, under ``config.loss_tag``).
         earlier_ckpt: a checkpoint before ``ckpt_path`` for replay (c), trained with the
@@ -91,7 +93,7 @@ def diagnose(
         )
     subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
     judge = judge_of(config.detector, checkpoint)
-    trainer_kwargs = dict(trainer_kwargs or {})
+    trainer_kwargs = {**recorded_trainer(ckpt_path), **(trainer_kwargs or {})}
     if "gradient_clip_val" not in trainer_kwargs:
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
     original, tag = original_loss, None
@@ -139,6 +141,24 @@ def _ledger_steps(ckpt_path: Path) -> int | None:
         except (OSError, ValueError, TypeError, KeyError):
             continue
     return None
+
+
+REPLAYED_TRAINER = (
+    "precision", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+    "val_check_interval", "check_val_every_n_epoch", "limit_val_batches", "deterministic",
+    "overfit_batches", "limit_train_batches",
+)  # fmt: skip
+"""The Trainer settings of the run's record a replay trains with: what decides its steps
+and its validations (which may steer training: EarlyStopping, a plateau's LR)."""
+
+
+def recorded_trainer(ckpt_path: Path) -> dict[str, Any]:
+    """``REPLAYED_TRAINER``'s settings in the ``config.yaml`` of the checkpoint's run
+    (``{}`` where there is none: a replay then validates nothing)."""
+    trainer = run_config(ckpt_path).get("trainer")
+    if not isinstance(trainer, dict):
+        return {}
+    return {k: trainer[k] for k in REPLAYED_TRAINER if trainer.get(k) is not None}
 
 
 def run_end(ckpt_path: Path, checkpoint: dict[str, Any]) -> tuple[int, str] | None:

@@ -29,8 +29,10 @@ from tests.modules.spiky_modules import (
     CosineRegressor,
     FaultyRegressor,
     JumpRegressor,
+    PlateauRegressor,
     StepRegressionData,
     TrainLossRegressor,
+    ValidatedRegressionData,
 )
 
 STEPS, EVERY, K = 36, 10, 10
@@ -70,8 +72,7 @@ def original_run(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
-        **trainer_kwargs,
+        **{"limit_val_batches": 0, **trainer_kwargs},
     )
     with warnings.catch_warnings(), quiet_branches():  # levels put back after
         warnings.simplefilter("ignore")  # Lightning's notes on workers and the like
@@ -209,6 +210,28 @@ def test_a_schedule_over_the_runs_max_steps_is_replayed_with_them(tmp_path: Path
     verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
     assert verdict.cause == "data-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.last_step == SPIKE + CONFIG.horizon
+
+
+def test_a_validation_that_steers_the_run_is_replayed_as_it_ran(tmp_path: Path) -> None:
+    """Issue 55: a ReduceLROnPlateau on val_loss every 5 steps, the run validated every 5
+    (2 batches), a poisoned batch. The replays validated nothing (limit_val_batches=0):
+    the plateau read the file's last val_loss at every check and lowered the LR the run
+    kept. With the record's validation settings they validate as the run did:
+    data-caused, bit-equal."""
+    data = functools.partial(ValidatedRegressionData, poison=[SPIKE])
+    validation = {"val_check_interval": 5, "check_val_every_n_epoch": None, "limit_val_batches": 2}
+    run = original_run(tmp_path, "plateau", PlateauRegressor(lr=0.01), data(), **validation)
+    saved = {  # at lr 0.01 val_loss improves at each validation: the LR stays
+        "model": {"class_path": "tests.modules.spiky_modules.PlateauRegressor",
+                  "init_args": {"lr": 0.01}},
+        "data": {"class_path": "tests.modules.spiky_modules.ValidatedRegressionData",
+                 "init_args": {"poison": [SPIKE]}},
+        "trainer": {"max_steps": STEPS, **validation},
+    }  # fmt: skip
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
+    assert verdict.cause == "data-caused", verdict.evidence
+    assert verdict.same_data.bit_equal, verdict.evidence
 
 
 def test_the_runs_own_loss_curve_is_found_and_named(tmp_path: Path) -> None:
