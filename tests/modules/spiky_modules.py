@@ -151,6 +151,24 @@ class CosineRegressor(JumpRegressor):
         return 0.5 * (1 + math.cos(math.pi * min(step, total) / total)) * super().factor(step)
 
 
+class StepJumpCosineRegressor(CosineRegressor):
+    """``CosineRegressor`` whose LR jumps by ``jump`` for ``jump_length`` steps from
+    ``jump_step`` on, planted in ``optimizer_step`` (not in its schedule): state-caused."""
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        optimizer = self.trainer.optimizers[0]
+        factor = super().factor(self.global_step)  # JumpRegressor's: the jump alone
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+        super().optimizer_step(*args, **kwargs)
+        for group in optimizer.param_groups:
+            group["lr"] /= factor
+
+    def factor(self, step: int) -> float:  # the schedule: the cosine alone
+        total = max(1, self.trainer.max_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+
+
 class ValidatedRegressionData(StepRegressionData):
     """``StepRegressionData`` with a validation loader (256 rows of the same problem)."""
 

@@ -30,6 +30,7 @@ from tests.modules.spiky_modules import (
     FaultyRegressor,
     JumpRegressor,
     PlateauRegressor,
+    StepJumpCosineRegressor,
     StepRegressionData,
     TrainLossRegressor,
     ValidatedRegressionData,
@@ -210,6 +211,27 @@ def test_a_schedule_over_the_runs_max_steps_is_replayed_with_them(tmp_path: Path
     verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
     assert verdict.cause == "data-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.last_step == SPIKE + CONFIG.horizon
+
+
+def test_an_lr_jump_planted_in_optimizer_step_under_the_cosine_is_state_caused(
+    tmp_path: Path,
+) -> None:
+    """Issue 55: the cosine module (its schedule reads trainer.max_steps) with clipping and
+    an LR jump planted in its optimizer_step from step 25: the replays train the run's
+    schedule, so the jump comes back with the same state and data."""
+    model = {"class_path": "tests.modules.spiky_modules.StepJumpCosineRegressor",
+             "init_args": {"jump_step": SPIKE, "jump": 1000.0}}  # fmt: skip
+    run = original_run(tmp_path, "jump", StepJumpCosineRegressor(jump_step=SPIKE, jump=1000.0),
+                       StepRegressionData(), gradient_clip_val=1.0)  # fmt: skip
+    saved = {
+        "model": model,
+        "data": {"class_path": DATA},
+        "trainer": {"max_steps": STEPS, "gradient_clip_val": 1.0},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    verdict = diagnose(checkpoint_path(run, K), SPIKE + 1, CONFIG)
+    assert verdict.cause == "state-caused", verdict.evidence
+    assert verdict.same_data.bit_equal, verdict.evidence
 
 
 def test_a_validation_that_steers_the_run_is_replayed_as_it_ran(tmp_path: Path) -> None:
