@@ -63,6 +63,17 @@ def no_spike_line(spike_step: int, same: Replay, original: float | None) -> str:
     )
 
 
+def not_the_run(step: int, logged: float, replayed: float, settings: str) -> str:
+    """Replay (a) differs from the run's logged loss before the spike: it is not the run."""
+    return (
+        f"The replay is not the run: its loss at step {step}, before the spike, is "
+        f"{replayed!r} against the run's logged {logged!r}. A setting differs from the run's "
+        f"(replayed with {settings}; the module's arguments, callbacks and data as given): "
+        "give the run's (its config.yaml, --model.*, --data.*) before suspecting the "
+        "hardware."
+    )
+
+
 NOT_REPRODUCED = (
     "The spike does not come back from the same state and data: the run's own "
     "state and data do not produce it; something outside them did (hardware fault, "

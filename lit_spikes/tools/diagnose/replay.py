@@ -249,6 +249,20 @@ class Replayer:
     other versions, a multi-process run): a differing loss then proves nothing."""
     drew_without_states: bool = False
     """A replay drew random numbers that the checkpoint holds no RNG states for."""
+    logged: dict[int, float] = field(default_factory=dict)
+    """The run's logged loss by step: a replay's first steps are checked against it."""
+
+    def settings(self) -> str:
+        """What the replays train with that the run's record decides: its length and
+        Trainer settings, said where they are not known."""
+        length = (
+            f"max_steps={self.end_step}"
+            if self.end_step is not None
+            else "max_steps at the horizon's end (the run's is not known: no config.yaml "
+            "records it)"
+        )
+        trainer = ", ".join(f"{k}={v!r}" for k, v in sorted(self.trainer_kwargs.items()))
+        return f"{length}; Trainer settings: {trainer or 'none recorded (the defaults)'}"
 
     def run(
         self,

@@ -96,15 +96,17 @@ def diagnose(
     trainer_kwargs = {**recorded_trainer(ckpt_path), **(trainer_kwargs or {})}
     if "gradient_clip_val" not in trainer_kwargs:
         trainer_kwargs |= clipping_from_checkpoint(checkpoint)
+    tags = _loss_tags(config, judge)
     original, tag = original_loss, None
     if original is None:
-        original, tag = _logged_original(ckpt_path, spike_step, _loss_tags(config, judge))
+        original, tag = _logged_original(ckpt_path, spike_step, tags)
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
         replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
         replayer.judge, replayer.end_step = judge, None if end is None else end[0]
         replayer.incomparable = _incomparable(checkpoint)
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
+        replayer.logged = logged_curve(ckpt_path.parent.parent, tags)[1]
         verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
     # After replay (a)'s line, which stays the first
     notes = [f"Judged by {judge.source}."]
@@ -268,6 +270,18 @@ def _refuse_another_run(
         )
 
 
+def first_difference(
+    records: dict[int, dict[str, float]], logged: dict[int, float], spike_step: int, steps: int = 3
+) -> tuple[int, float, float] | None:
+    """The first of a replay's first ``steps`` steps (before the spike) whose loss is not
+    the run's logged one to the bit: (step, logged, replayed); None where they match or
+    the run logged none of them."""
+    for step in sorted(s for s in records if s < spike_step)[:steps]:
+        if step in logged and float(records[step]["loss"]) != logged[step]:
+            return step, logged[step], float(records[step]["loss"])
+    return None
+
+
 def _replay_and_judge(
     replayer: Replayer, ckpt_path: Path, earlier_ckpt: Path | None, original: float | None
 ) -> Verdict:
@@ -281,8 +295,11 @@ def _replay_and_judge(
     evidence = [explain.same_data_line(spike_step, same, original, replayer.incomparable)]
     decided = cause_from_same_data(spike_step, same)
     if decided is not None:
+        differs = first_difference(records, replayer.logged, spike_step)
         if decided == "no-spike":
             evidence.append(explain.no_spike_line(spike_step, same, original))
+        elif differs is not None and replayer.incomparable is None:
+            evidence.append(explain.not_the_run(*differs, replayer.settings()))
         else:
             evidence.append(explain.NOT_REPRODUCED)
         return Verdict(decided, spike_step, k, str(ckpt_path), original, same, None, None, evidence)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import fields
@@ -211,6 +212,24 @@ def test_a_schedule_over_the_runs_max_steps_is_replayed_with_them(tmp_path: Path
     verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
     assert verdict.cause == "data-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.last_step == SPIKE + CONFIG.horizon
+
+
+def test_a_replay_that_is_not_the_run_says_so_instead_of_blaming_the_hardware(
+    tmp_path: Path,
+) -> None:
+    """Issue 55: the cosine module's run without a config.yaml: its max_steps is not known,
+    the replays train another schedule, and their loss differs from the run's logged one
+    from the second replayed step on. It said "hardware fault, bit flip"."""
+    data = functools.partial(StepRegressionData, poison=[SPIKE])
+    run = original_run(tmp_path, "bare", CosineRegressor(), data())
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=CosineRegressor, data=data)
+    assert verdict.cause == "not-reproducible", verdict.evidence
+    text = " ".join(verdict.evidence)
+    found = re.search(r"The replay is not the run: its loss at step (\d+), before the spike", text)
+    assert found is not None and K < int(found.group(1)) < SPIKE, text  # (not its first step:
+    # the LR of the file's step is in the file, the next one is the replay's schedule's)
+    assert "max_steps at the horizon's end (the run's is not known" in text
+    assert "hardware fault" not in text
 
 
 def test_an_lr_jump_planted_in_optimizer_step_under_the_cosine_is_state_caused(
