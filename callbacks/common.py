@@ -74,6 +74,14 @@ def validates_at_this_step_anyway(trainer: pl.Trainer) -> bool:
     return (done + 1) % every == 0
 
 
+def step_validates(trainer: pl.Trainer) -> bool:
+    """Whether the run's schedule validates after this step: Lightning's rule less a stop
+    (``validates_at_this_step_anyway``). A time-based ``val_check_interval`` is no function
+    of the step: nothing is said to be due, nothing replayed."""
+    timed = trainer.val_check_batch is None  # what Lightning's fit loop sets for one
+    return trainer.enable_validation and not timed and validates_at_this_step_anyway(trainer)
+
+
 def make_state_key(callback: object, **settings: Any) -> str:
     """A callback's ``state_key``: its class name, then its settings (``Name{'a': 1}``),
     in the form Lightning's own callbacks give theirs, so that checkpoints written with

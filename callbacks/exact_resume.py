@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lit_spikes.callbacks.common import step_validates
 from lit_spikes.callbacks.loader_positions import position_warnings, train_loaders
 from lit_spikes.callbacks.step_end import (
     AfterFileWatch,
@@ -25,7 +26,6 @@ from lit_spikes.callbacks.step_end import (
     epoch_end_hooks,
     replay,
     saved_metrics,
-    step_validates,
 )
 from lit_spikes.loader import StepLoader
 from lit_spikes.randomness import (
@@ -433,11 +433,15 @@ class ExactResume(Callback):
                 "(dropout) are not those of the run that wrote it",
                 stacklevel=2,
             )
-        if resumed:  # what the run had logged: a plateau's or a monitor's metric
-            trainer.callback_metrics.update(self._metrics)
-        unfinished, self._replay, self._metrics = self._replay, None, {}
-        unsaid, self._unsaid = self._unsaid, False
-        if resumed and unsaid and step_validates(trainer):
+        if resumed:
+            self._finish_the_files_step(trainer, pl_module)
+        self._replay, self._metrics, self._unsaid = None, {}, False
+
+    def _finish_the_files_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """At a resume: the logged metrics back (a plateau's, a monitor's), and what of its
+        step's end the file came before run now (``step_end.replay``), or said."""
+        trainer.callback_metrics.update(self._metrics)
+        if self._unsaid and step_validates(trainer):
             warnings.warn(
                 f"ExactResume: the checkpoint of step {trainer.global_step} was written by "
                 "an earlier lit-spikes, which did not say whether the step's validation ran "
@@ -446,21 +450,22 @@ class ExactResume(Callback):
                 "ReduceLROnPlateau's LR, a monitor's best)",
                 stacklevel=outside_lightning(),
             )
-        if resumed and unfinished is not None and unfinished.step == trainer.global_step:
-            # The file came before its step's validation or plateau update: run them now,
-            # from what the step left the RNGs at (a shuffled val loader's order).
-            micro = (trainer.fit_loop.batch_idx) % trainer.accumulate_grad_batches
-            self._seed_for(BETWEEN, trainer.global_step, micro)
-            replay(trainer, pl_module, unfinished, self._step_end)
-            hooks = epoch_end_hooks(trainer, ExactResume) if unfinished.epoch_end else []
-            if hooks:
-                warnings.warn(
-                    f"ExactResume: the checkpoint of step {unfinished.step} was written at "
-                    "its epoch's last batch, before the epoch's end, which Lightning's "
-                    f"restart skips: on_train_epoch_end of {', '.join(hooks)} does not run "
-                    "for that epoch in the resumed run (a file of another step resumes it)",
-                    stacklevel=outside_lightning(),
-                )
+        unfinished = self._replay
+        if unfinished is None or unfinished.step != trainer.global_step:
+            return
+        # From what the step left the RNGs at (a shuffled val loader's order)
+        micro = trainer.fit_loop.batch_idx % trainer.accumulate_grad_batches
+        self._seed_for(BETWEEN, trainer.global_step, micro)
+        replay(trainer, pl_module, unfinished, self._step_end)
+        hooks = epoch_end_hooks(trainer, ExactResume) if unfinished.epoch_end else []
+        if hooks:
+            warnings.warn(
+                f"ExactResume: the checkpoint of step {unfinished.step} was written at its "
+                "epoch's last batch, before the epoch's end, which Lightning's restart "
+                f"skips: on_train_epoch_end of {', '.join(hooks)} does not run for that "
+                "epoch in the resumed run (a file of another step resumes it)",
+                stacklevel=outside_lightning(),
+            )
 
     @staticmethod
     def _seek(trainer: pl.Trainer) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lit_spikes.callbacks.common import trainer_callbacks, validates_at_this_step_anyway
+from lit_spikes.callbacks.common import step_validates, trainer_callbacks
 
 QUIET_AT_EPOCH_END = (ModelCheckpoint, ProgressBar)
 """Callbacks whose ``on_train_epoch_end`` changes no training state: a file, a display."""
@@ -126,7 +127,7 @@ class StepEnd:
         """The next step's or epoch's start, or the fit's end: the step's end has run. A
         stop its validation decided is still said by a file written after it."""
         current = self._current(trainer)
-        if current is not None and self._stop_decided(trainer):
+        if current is not None and (current.stop or self._stop_decided(trainer)):
             self.open = Unfinished(current.step, False, False, stop=True, epoch=current.epoch)
         else:
             self.open = None
@@ -142,14 +143,6 @@ class StepEnd:
     def replaying(self, unfinished: Unfinished) -> None:
         """A resume replays this step's end: tracked as a step's end that runs now."""
         self.open, self._started = replace(unfinished), None
-
-
-def step_validates(trainer: pl.Trainer) -> bool:
-    """Whether the run's schedule validates after this step: Lightning's rule less a stop
-    (``validates_at_this_step_anyway``). A time-based ``val_check_interval`` is no function
-    of the step: nothing is said to be due, nothing replayed."""
-    timed = trainer.val_check_batch is None  # what Lightning's fit loop sets for one
-    return trainer.enable_validation and not timed and validates_at_this_step_anyway(trainer)
 
 
 def epoch_counts(trainer: pl.Trainer) -> tuple[int, int]:
@@ -198,28 +191,24 @@ def replay(
     validates inside a fit, and its own restart skips this validation."""
     ends.replaying(unfinished)
     epoch_loop = trainer.fit_loop.epoch_loop
-    with epoch_as(trainer, unfinished.epoch):  # the resumed run's schedule at that step:
-        due = step_validates(trainer)
-    if unfinished.validation and due:  # a branch validating elsewhere does not replay it
-        val_loop = epoch_loop.val_loop
-        restarting, val_loop.restarting = val_loop.restarting, False  # a whole validation
-        pl_module.on_validation_model_zero_grad()
-        trainer.validating = True
-        with epoch_as(trainer, unfinished.epoch):
+    with epoch_as(trainer, unfinished.epoch):  # as they were in the file's step
+        # The resumed run's own schedule: a branch validating elsewhere does not replay it
+        if unfinished.validation and step_validates(trainer):
+            val_loop = epoch_loop.val_loop
+            restarting, val_loop.restarting = val_loop.restarting, False  # a whole one
+            pl_module.on_validation_model_zero_grad()
+            trainer.validating = True
             try:
                 val_loop.run()
             finally:
                 trainer.training = True
                 val_loop.restarting = restarting
-    if unfinished.plateau:
-        epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=True)
-        if ends.open is not None:
-            ends.open.plateau = False
-    if unfinished.epoch_plateau:  # after the epoch's end hooks, which are not replayed
-        with epoch_as(trainer, unfinished.epoch):
+        if unfinished.plateau:
+            epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=True)
+        if unfinished.epoch_plateau:  # after the epoch's end hooks, which are not replayed
             epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=True)
-        if ends.open is not None:
-            ends.open.epoch_end = ends.open.epoch_plateau = False
+    if ends.open is not None:  # all of it ran; what stays open: a stop it decided
+        ends.open = Unfinished(ends.open.step, False, False, unfinished.stop, ends.open.epoch)
     if unfinished.stop:
         trainer.should_stop = True
 
@@ -230,20 +219,15 @@ def epoch_end_hooks(trainer: pl.Trainer, own: type[Callback]) -> list[str]:
     skips the epoch's end; hooks that log cannot be called outside Lightning's loop), but
     ``own``'s (ExactResume's: it tracks the step's end)."""
     module = trainer.lightning_module
-    found = [type(module).__name__] if _overrides(module, pl.LightningModule) else []
+    found = [type(module).__name__] if is_overridden("on_train_epoch_end", module) else []
     for callback in trainer_callbacks(trainer):
         quiet = isinstance(callback, (*QUIET_AT_EPOCH_END, own))
         if isinstance(callback, EarlyStopping):
             # Private: no public attribute says whether it judges at the epoch's end.
             quiet = getattr(callback, "_check_on_train_epoch_end", True) is False
-        if not quiet and _overrides(callback, Callback):
+        if not quiet and is_overridden("on_train_epoch_end", callback):
             found.append(type(callback).__name__)
     return found
-
-
-def _overrides(obj: object, base: type) -> bool:
-    hook = "on_train_epoch_end"
-    return getattr(type(obj), hook, None) is not getattr(base, hook, None)
 
 
 class PlateauCatchUp:
@@ -285,7 +269,7 @@ class AfterFileWatch:
     def saved(self, trainer: pl.Trainer, pl_module: pl.LightningModule, ends: StepEnd) -> None:
         current = ends.unfinished(trainer)
         in_batch_end = current is not None and current.plateau  # before the validation
-        own_hook = _overrides_hook(pl_module, "on_train_batch_end")
+        own_hook = is_overridden("on_train_batch_end", pl_module)
         if self.warned or not in_batch_end or not own_hook:
             return
         state = pl_module.state_dict(keep_vars=True)
@@ -315,7 +299,3 @@ class AfterFileWatch:
             "in a callback listed before the checkpoint callbacks, or in the module's "
             "on_before_zero_grad or optimizer_step, which run before the files"
         )
-
-
-def _overrides_hook(pl_module: pl.LightningModule, hook: str) -> bool:
-    return getattr(type(pl_module), hook, None) is not getattr(pl.LightningModule, hook, None)

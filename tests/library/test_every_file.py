@@ -82,6 +82,10 @@ def test_a_run_early_stopping_ended_requeued_from_its_final_file_ends_at_once(
     resumed = fit_steered(tmp_path / "again", Steer(every=5, final=True), steps=60, ckpt=final)
     assert resumed.step == 12 and resumed.ended.losses == []
     assert_same_end(whole, resumed)
+    # That requeue's own final file says the stop again: a third start ends at once too
+    (final,) = (tmp_path / "again" / "final").iterdir()
+    third = fit_steered(tmp_path / "third", Steer(every=5, final=True), steps=60, ckpt=final)
+    assert third.step == 12 and third.ended.losses == []
 
 
 def test_a_resume_from_the_best_file_of_a_run_stopped_there_ends_at_once(tmp_path: Path) -> None:
