@@ -90,6 +90,7 @@ from lit_spikes.tools.fit_plan import (
     run_length,
     weights_problem,
 )
+from lit_spikes.tools.fit_start import DirectoryState, FitStart, fit_or_restore, start_anew
 from lit_spikes.tools.resume_callbacks import entries_to_resume, keys_of
 from lit_spikes.tools.run_record import RECORD_NAME, RecordError, announce, record_path
 from lit_spikes.tools.tb import RunLogger
@@ -121,6 +122,7 @@ class LitSpikesCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.plan = ResumePlan()  # a new run, until --ckpt_path says otherwise
+        self.before: DirectoryState | None = None  # the run directory before fit wrote
         self._data_recorded = False  # the run's record named the data
         self.command_line: Any = None  # parsed again, on a checkpoint's settings
         super().__init__(*args, **kwargs)
@@ -215,9 +217,11 @@ class LitSpikesCLI(LightningCLI):
         for callback in getattr(self.trainer, "callbacks", []):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
+                first = launched_rank() == 0  # the rank that writes the run's files
+                self.before = DirectoryState.of(callback.directory) if first else None
                 claim_run_directory(callback, self.trainer)
-                if self.plan.restart and launched_rank() == 0:
-                    self._start_anew(callback.directory)
+                if self.plan.restart and first:
+                    start_anew(callback.directory, self.before)
 
     @override
     def after_instantiate_classes(self) -> None:
@@ -233,18 +237,11 @@ class LitSpikesCLI(LightningCLI):
         ):
             config["ckpt_path"] = run_record.read_record(root / RECORD_NAME).get("ckpt_path")
 
-    def _start_anew(self, root: Path) -> None:
-        """``--ckpt_path last`` in a directory whose run wrote no checkpoint: that run's
-        TensorBoard events go (the new run logs the same steps from 0), said in a line."""
-        events = sorted(root.glob("events.out.tfevents.*"))
-        for event_file in events:
-            event_file.unlink()
-        print(
-            f"lit-spikes: --ckpt_path last: {root} has no checkpoint to resume, only the "
-            f"TensorBoard events of a run that wrote none ({len(events)} file(s), removed): "
-            "starting it anew from step 0",
-            file=sys.stderr,
-        )
+    def fit(self, **kwargs: Any) -> None:
+        """The subcommand (LightningCLI runs a method of the subcommand's name where the
+        CLI has one): ``Trainer.fit``, whose failure before its first step leaves the run
+        directory as it was."""
+        fit_or_restore(self.trainer, self.before, **kwargs)
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -522,7 +519,7 @@ class LitSpikesCLI(LightningCLI):
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
         added = [*own, *parts.callbacks]
         if training:
-            added = training_callbacks(config, added, configured)
+            added = [*training_callbacks(config, added, configured), FitStart()]
         # The public method's keyword arguments override the configured ones: the
         # configured callbacks, then the project's (Lightning appends its SaveConfigCallback)
         return super().instantiate_trainer(

@@ -1,0 +1,58 @@
+"""A user's module and DataModule that raise where ``$LIT_SPIKES_TEST_FAIL_AT`` says, as
+a module with a bug, a missing file or a refused setting does at fit start
+(tests/tools/test_fit_start.py). Without the variable they train as ``DropoutNet`` on
+``StepData``; the variable is not an argument, so the run's record is the same either way."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from tests.modules.fit_modules import DropoutNet, StepData
+
+FAIL_AT = "LIT_SPIKES_TEST_FAIL_AT"
+"""``<hook>`` or ``<hook>:<global step>`` (the hook raises at that step only)."""
+
+
+def fail_at(hook: str, step: int | None = None) -> None:
+    where, _, at = os.environ.get(FAIL_AT, "").partition(":")
+    if where == hook and (not at or step == int(at)):
+        raise RuntimeError(f"planted failure in {hook}")
+
+
+class FailingNet(DropoutNet):
+    def setup(self, stage: str) -> None:
+        fail_at("setup")
+
+    def configure_optimizers(self) -> Any:
+        fail_at("configure_optimizers")
+        return super().configure_optimizers()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        fail_at("on_load_checkpoint")
+
+    def on_train_start(self) -> None:
+        fail_at("on_train_start")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        fail_at("training_step", self.global_step)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        fail_at("validation_step")
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+
+class FailingData(StepData):
+    def setup(self, stage: str) -> None:
+        fail_at("data_setup")
+
+    def train_dataloader(self) -> Any:
+        fail_at("train_dataloader")
+        return super().train_dataloader()
+
+    def val_dataloader(self) -> Any:
+        return super().train_dataloader()
