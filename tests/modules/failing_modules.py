@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from tests.modules.fit_modules import DropoutNet, StepData
 
@@ -56,3 +57,13 @@ class FailingData(StepData):
 
     def val_dataloader(self) -> Any:
         return super().train_dataloader()
+
+
+class FailingCallback(Callback):
+    """A callback of the run's (recorded, so its requeue has it too) refusing at fit start."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        fail_at("callback_setup")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        fail_at("callback_on_train_start")

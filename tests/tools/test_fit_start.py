@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_spikes.tools import fit_start
 from lit_spikes.tools.cli import main
 from lit_spikes.tools.fit_start import DirectoryState
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_CLI
 from tests.modules.failing_modules import FAIL_AT
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -39,6 +40,7 @@ def snapshot(root: Path) -> dict[str, bytes | None] | None:
 
 def fit(root: Path, *args: str, fail_at: str | None = None) -> None:
     """``lit-spikes fit`` in this process, failing where ``fail_at`` says."""
+    torch.set_flush_denormal(False)  # as a new process has it (the demo's fit sets it)
     os.environ.pop(FAIL_AT, None)
     if fail_at is not None:
         os.environ[FAIL_AT] = fail_at
@@ -86,6 +88,20 @@ def test_a_requeue_failing_at_fit_start_leaves_the_run_as_it_was(
     before = snapshot(root)
     note = failed_fit(root, "--ckpt_path", "last", fail_at=where)
     assert RESTORED in note and "events.out.tfevents" in note, note
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("where", ["callback_setup", "callback_on_train_start"])
+def test_a_requeue_of_the_project_module_refused_by_a_callback_leaves_the_run(
+    tmp_path: Path, where: str
+) -> None:
+    root = tmp_path / "demo"
+    callback = "--trainer.callbacks+=tests.modules.failing_modules.FailingCallback"
+    fit(root, *TINY_CLI, "--checkpoint_every", "10", callback)
+    (root / "checkpoints" / "step=20.ckpt").unlink()
+    before = snapshot(root)
+    note = failed_fit(root, "--ckpt_path", "last", fail_at=where)
+    assert RESTORED in note, note
     assert snapshot(root) == before
 
 
