@@ -63,14 +63,20 @@ def no_spike_line(spike_step: int, same: Replay, original: float | None) -> str:
     )
 
 
-def not_the_run(step: int, logged: float, replayed: float, settings: str) -> str:
-    """Replay (a) differs from the run's logged loss before the spike: it is not the run."""
+def not_the_run(step: int, logged: float, replayed: float, settings: str, unlike: list[str]) -> str:
+    """Replay (a) differs from the run's logged loss before the spike: it is not the run;
+    ``unlike`` names the settings the checkpoint records otherwise."""
+    found = (
+        f"It differs from the run in {'; '.join(unlike)}"
+        if unlike
+        else "No setting the checkpoint records differs: one it does not record does (the "
+        "module's code, an argument it does not save, a callback, the data as given)"
+    )
     return (
         f"The replay is not the run: its loss at step {step}, before the spike, is "
-        f"{replayed!r} against the run's logged {logged!r}. A setting differs from the run's "
-        f"(replayed with {settings}; the module's arguments, callbacks and data as given): "
-        "give the run's (its config.yaml, --model.*, --data.*) before suspecting the "
-        "hardware."
+        f"{replayed!r} against the run's logged {logged!r}. {found}. Give the run's (its "
+        "config.yaml, --model.*, --data.*, --trainer.*) before suspecting the hardware "
+        f"(replayed with {settings})."
     )
 
 

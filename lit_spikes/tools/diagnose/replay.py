@@ -26,6 +26,7 @@ from lit_spikes.loader import positioned
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.subject import Subject
+from lit_spikes.tools.diagnose.unlike import settings_unlike_the_run
 from lit_spikes.tools.diagnose.verdict import Replay, bit_equal, rise
 from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
 from lit_spikes.tools.training import RunSpec, quiet_branches
@@ -251,6 +252,8 @@ class Replayer:
     """A replay drew random numbers that the checkpoint holds no RNG states for."""
     logged: dict[int, float] = field(default_factory=dict)
     """The run's logged loss by step: a replay's first steps are checked against it."""
+    unlike: list[str] = field(default_factory=list)
+    """The last replay's settings that the checkpoint records otherwise (``unlike``)."""
 
     def settings(self) -> str:
         """What the replays train with that the run's record decides: its length and
@@ -304,9 +307,12 @@ class Replayer:
             torch.set_num_threads(self.config.num_threads)
         module, datamodule = self.subject.model(), self.subject.data()
         start = time.perf_counter()
+        trainer = spec.trainer()
         with quiet_branches():
-            spec.trainer().fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         wall = time.perf_counter() - start
+        known = self.end_step is not None
+        self.unlike = settings_unlike_the_run(checkpoint, trainer, module, datamodule, known)
         records = recorder.records
         if self.spike_step not in records:
             raise RuntimeError(

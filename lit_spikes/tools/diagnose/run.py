@@ -299,7 +299,7 @@ def _replay_and_judge(
         if decided == "no-spike":
             evidence.append(explain.no_spike_line(spike_step, same, original))
         elif differs is not None and replayer.incomparable is None:
-            evidence.append(explain.not_the_run(*differs, replayer.settings()))
+            evidence.append(explain.not_the_run(*differs, replayer.settings(), replayer.unlike))
         else:
             evidence.append(explain.NOT_REPRODUCED)
         return Verdict(decided, spike_step, k, str(ckpt_path), original, same, None, None, evidence)

@@ -229,7 +229,29 @@ def test_a_replay_that_is_not_the_run_says_so_instead_of_blaming_the_hardware(
     assert found is not None and K < int(found.group(1)) < SPIKE, text  # (not its first step:
     # the LR of the file's step is in the file, the next one is the replay's schedule's)
     assert "max_steps at the horizon's end (the run's is not known" in text
+    unlike = text.partition("It differs from the run in ")[2].partition(". Give")[0]
+    assert "max_steps: the run's is not known" in unlike, text  # (threads may differ too)
     assert "hardware fault" not in text
+
+
+def test_a_replay_that_is_not_the_run_names_each_setting_that_differs(tmp_path: Path) -> None:
+    """Issue 55: a one-off fault (not reproducible) replayed with another LR and with
+    clipping the run did not have: the evidence names each setting with both values (it
+    said only that "a setting differs", and listed what it replayed with)."""
+    marker = tmp_path / "fault.marker"
+    model = functools.partial(FaultyRegressor, fault_step=SPIKE, fault_marker=str(marker))
+    run = original_run(tmp_path, "fault", model(), StepRegressionData())
+    other = functools.partial(model, lr=0.05)
+    clip = {"gradient_clip_val": 0.5}
+    verdict = diagnose(checkpoint_path(run, K), SPIKE, CONFIG, model=other, data=DATA,
+                       trainer_kwargs=clip)  # fmt: skip
+    text = " ".join(verdict.evidence)
+    assert "The replay is not the run" in text and "hardware fault" not in text, text
+    unlike = text.partition("It differs from the run in ")[2].partition(". Give")[0]
+    assert "--model.lr: the run's 0.1, the replay's 0.05" in unlike, text
+    clipped = "the replay's {'value': 0.5, 'algorithm': 'norm'}"
+    assert f"gradient clipping (--trainer.gradient_clip_val): the run's None, {clipped}" in unlike
+    assert "--model.hidden" not in text  # the same
 
 
 def test_an_lr_jump_planted_in_optimizer_step_under_the_cosine_is_state_caused(
