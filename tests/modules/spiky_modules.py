@@ -176,6 +176,15 @@ class ValidatedRegressionData(StepRegressionData):
         return DataLoader(RegressionRows(256, seed=0), batch_size=64)
 
 
+class ValidatedRegressor(JumpRegressor):
+    """``JumpRegressor`` that logs a validation loss, ``val_loss`` (recover compares its
+    rows by it)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+
 class PlateauRegressor(JumpRegressor):
     """``JumpRegressor`` validated (``val_loss``), whose LR a ReduceLROnPlateau on val_loss
     halves, checked every ``every`` steps (the validation interval): a replay that does not

@@ -153,7 +153,7 @@ def summarize(
     from its checkpoint)."""
     records = read_history(root / record.name / HISTORY_NAME)
     steps = [r for r in records if "step" in r]
-    vals = [r for r in records if "val_step" in r]
+    vals = [r for r in records if "val_bpc" in r]
     positions = {int(r["step"]): int(r["position"]) for r in steps}
     record.steps_trained = len(steps)
     record.end_step = int(steps[-1]["step"]) if steps else None

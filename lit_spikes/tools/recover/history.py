@@ -22,10 +22,12 @@ from lit_spikes.loader import positioned
 from lit_spikes.tools.recover.ledger import Ledger, UnknownFormatVersion, atomic_write_text
 
 HISTORY_NAME = "history.jsonl"
-HISTORY_VERSION = 2
-"""The history format this code writes (its first line: ``{"history_version": 2}``):
-version 2's step records hold ``max_logit`` only where the module logs one."""
-HISTORY_VERSIONS = (1, 2)
+HISTORY_VERSION = 3
+"""The history format this code writes (its first line: ``{"history_version": 3}``):
+version 2's step records hold ``max_logit`` only where the module logs one; version 3's
+validation records hold every ``val*`` metric logged (``val``), ``val_bpc`` only where
+the module logs ``val/bpc``."""
+HISTORY_VERSIONS = (1, 2, 3)
 """The history formats this code reads; a file without the first line is of version 1
 (written before the line existed)."""
 _HEADER = "history_version"
@@ -180,9 +182,19 @@ class HistoryLog(Callback):
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        bpc = trainer.callback_metrics.get("val/bpc")
-        if bpc is not None and not trainer.sanity_checking:
-            self._write({"val_step": trainer.global_step, "val_bpc": float(bpc)})
+        # Every validation metric the module logs (recover's comparison picks one that
+        # every row has); val/bpc, the project's module's, also as val_bpc (version 2).
+        metrics = {
+            str(name): float(value)
+            for name, value in trainer.callback_metrics.items()
+            if str(name).startswith("val") and value.numel() == 1
+        }
+        if not metrics or trainer.sanity_checking:
+            return
+        record: dict[str, Any] = {"val_step": trainer.global_step, "val": metrics}
+        if "val/bpc" in metrics:
+            record["val_bpc"] = metrics["val/bpc"]
+        self._write(record)
 
     def close(self) -> None:
         if self._handle is not None:

@@ -17,7 +17,8 @@ LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 2
 """The ledger format this code writes. Version 2: the config names the model and data by
 class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
-callbacks as ``{"class_path", "init_args"}``, comparison rows hold ``final_loss``."""
+callbacks as ``{"class_path", "init_args"}``, comparison rows hold one ``measure`` of
+every row, named in ``measured_by`` (before: ``final_loss``, of other batches per row)."""
 LEDGER_VERSIONS = (2,)
 """The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 from lit_spikes.tools.defaults import LOGGED_AS, STEP_SCALARS
 from lit_spikes.tools.recover.history import lineage_records
 from lit_spikes.tools.recover.ledger import Ledger, Totals
+from lit_spikes.tools.recover.measure import common_measure, validations
 
 ACCEPTED_RUN = "accepted"
 """TensorBoard run of the stitched accepted lineage, ``<log_root>/accepted``."""
@@ -26,7 +27,7 @@ def totals(ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path) 
     ``records``, the final lineage's."""
     head = ledger.main_branches()[-1]
     steps = [r for r in records if "step" in r]
-    vals = [r for r in records if "val_step" in r]
+    vals = [r for r in records if "val_bpc" in r]
     main = ledger.main_branches()
     last = steps[-1]
     return Totals(
@@ -48,49 +49,43 @@ def _max_logit_after(records: Sequence[dict[str, Any]], first: int) -> float | N
     return max((float(r["max_logit"]) for r in steps), default=None)
 
 
-FINAL_STEPS = 10
-"""``final_loss`` is the mean train loss of the run's last this many steps."""
-
-
-def final_loss(records: Sequence[dict[str, Any]]) -> float | None:
-    """The mean train loss of the last ``FINAL_STEPS`` steps of ``records`` (None: none)."""
-    losses = [float(r["loss"]) for r in records if "step" in r][-FINAL_STEPS:]
-    return sum(losses) / len(losses) if losses else None
-
-
 def comparison_rows(
     ledger: Ledger, root: Path, records: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Rows of the report: the recovered run (``records``: its lineage's), and with
     ``compare`` doing nothing and QK-norm. ``spikes`` counts flagged steps (the recovered
     run: those on its lineage that no remedy removed; a rejected branch's spike is not on
-    it)."""
+    it). ``measure`` is one measure of every row, named in ``measured_by`` (``measure``)."""
     assert ledger.totals is not None
     first = int(ledger.interventions[0].spike["step"]) if ledger.interventions else 0
+    recovered = "recovered (accepted lineage)"
     rows: list[dict[str, Any]] = [
         {
-            "run": "recovered (accepted lineage)",
+            "run": recovered,
             "val_bpc": ledger.totals.val_bpc,
             "spikes": len(ledger.totals.unrecovered),
             "max_logit_after": _max_logit_after(records, first),
-            "final_loss": final_loss(records),
         }
     ]
+    measured: dict[str, Sequence[dict[str, Any]]] = {recovered: records}
     names = {b.name for b in ledger.branches}
     for name, label in COMPARISON_ROWS:
         if name not in names:
             continue
         row_records = lineage_records(ledger, root, name)
-        vals = [r for r in row_records if "val_step" in r]
+        vals = [r for r in row_records if "val_bpc" in r]
         rows.append(
             {
                 "run": label,
                 "val_bpc": float(vals[-1]["val_bpc"]) if vals else None,
                 "spikes": len(ledger.lineage_spikes(name)),
                 "max_logit_after": _max_logit_after(row_records, first),
-                "final_loss": final_loss(row_records),
             }
         )
+        measured[label] = row_records
+    measure = common_measure(measured)
+    for row in rows:
+        row["measure"], row["measured_by"] = measure.values[row["run"]], measure.name
     return rows
 
 
@@ -119,7 +114,8 @@ def write_stitched_run(
                 if record.get("skipped"):
                     writer.add_scalar("skip_step/skipped", 1.0, int(record["step"]))
             else:
-                writer.add_scalar("val/bpc", float(record["val_bpc"]), int(record["val_step"]) - 1)
+                for name, value in validations([record]).get(int(record["val_step"]), {}).items():
+                    writer.add_scalar(name, value, int(record["val_step"]) - 1)
         for spike in spikes:
             writer.add_scalar(f"spike/{spike['metric']}", float(spike["value"]), int(spike["step"]))
     finally:

@@ -73,10 +73,11 @@ def _totals_lines(ledger: Ledger, totals: Totals) -> list[str]:
 
 
 def _comparison_table(ledger: Ledger) -> Table:
-    compare = Table(title="What the loop bought")
+    measured_by = ledger.comparison[0].get("measured_by") if ledger.comparison else None
+    compare = Table(title="What the loop bought", caption=f"compared by {measured_by}")
     compare.add_column("run")
     columns = ("val bits/char", "spikes flagged", "max attn logit after 1st spike")
-    for column in (*columns, "final train loss"):
+    for column in (*columns, "compared"):
         compare.add_column(column, justify="right")
     for row in ledger.comparison:
         compare.add_row(
@@ -84,7 +85,7 @@ def _comparison_table(ledger: Ledger) -> Table:
             _fmt(row["val_bpc"]),
             str(row["spikes"]),
             _fmt(row["max_logit_after"], 1),
-            _fmt(row.get("final_loss")),
+            _fmt(row.get("measure"), 4),
         )
     return compare
 

@@ -90,7 +90,7 @@ def test_recover_rolls_back_tries_remedies_accepts_and_finishes(
             records = steps_of(read_history(root / name / HISTORY_NAME))
             assert records[0]["step"] == intervention.ckpt_step
             first_line = (root / name / HISTORY_NAME).read_text().splitlines()[0]
-            assert first_line == '{"history_version": 2}'  # its format, first
+            assert first_line == '{"history_version": 3}'  # its format, first
             assert ledger.branch(name).ckpt_path == intervention.ckpt_path
     assert ledger.branch("spike2/skip_data").remedies == [
         {"class_path": RUNGS["skip_data"], "init_args": {"ranges": [[26, 32]]}},  # stays on

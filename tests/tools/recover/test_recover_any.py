@@ -29,13 +29,15 @@ from lit_spikes.tools.recover import (
     recover,
 )
 from tests.modules.recover_setup import Crash, scale_lr, weights
-from tests.modules.spiky_modules import JumpRegressor, StepRegressionData
+from tests.modules.spiky_modules import JumpRegressor, StepRegressionData, ValidatedRegressor
 
 STEPS = 60
 JUMP_STEP = 30
 POISON = 30
 MODEL = "tests.modules.spiky_modules.JumpRegressor"
 DATA = "tests.modules.spiky_modules.StepRegressionData"
+VALIDATED = "tests.modules.spiky_modules.ValidatedRegressor"
+VALIDATED_DATA = "tests.modules.spiky_modules.ValidatedRegressionData"
 
 
 def skip_data(before: int = 2, length: int = 4) -> dict[str, Any]:
@@ -68,8 +70,8 @@ class JumpSettings:
     lr: float = 0.1
 
 
-class ConfiguredRegressor(JumpRegressor):
-    """``JumpRegressor`` configured by a dataclass argument."""
+class ConfiguredRegressor(ValidatedRegressor):
+    """``ValidatedRegressor`` configured by a dataclass argument."""
 
     def __init__(self, settings: JumpSettings = JumpSettings()) -> None:
         assert isinstance(settings, JumpSettings), settings  # not the dict a config holds
@@ -94,11 +96,13 @@ def config(root: Path, model: dict[str, Any], data: dict[str, Any], **changes: A
 
 
 def jump_config(root: Path, **changes: Any) -> RecoverConfig:
-    model = {"class_path": MODEL, "init_args": {"jump_step": JUMP_STEP}}
-    data = {"class_path": DATA, "init_args": {"rows": 4096}}
+    """A validated module (``val_loss``, every 10 steps) whose LR jumps at ``JUMP_STEP``."""
+    model = {"class_path": VALIDATED, "init_args": {"jump_step": JUMP_STEP}}
+    data = {"class_path": VALIDATED_DATA, "init_args": {"rows": 4096}}
     ladder = [skip_data(), scale_lr(0.05)]  # skipping data cannot remove an LR jump
     model = changes.pop("model", model)
-    result: RecoverConfig = config(root, model, data, **{"ladder": ladder, **changes})
+    changes = {"ladder": ladder, "val_every": 10, **changes}
+    result: RecoverConfig = config(root, model, data, **changes)
     return result
 
 
@@ -127,9 +131,10 @@ def assert_recovered(result: RecoverResult, rejected: str, accepted: str) -> Non
     assert intervention.outcomes[f"spike1/{rejected}"].startswith("rejected: spike at step")
     assert intervention.accepted == f"spike1/{accepted}"
     rows = {row["run"]: row for row in ledger.comparison}
-    recovered = rows["recovered (accepted lineage)"]["final_loss"]
-    nothing = rows["do nothing (continue through the spike)"]["final_loss"]
+    recovered = rows["recovered (accepted lineage)"]["measure"]
+    nothing = rows["do nothing (continue through the spike)"]["measure"]
     assert recovered < nothing / 10, (recovered, nothing)
+    assert len({row["measured_by"] for row in ledger.comparison}) == 1
     # The counts: each branch's steps are the step records of its own history
     for branch in ledger.branches:
         steps = [r for r in read_history(root / branch.name / HISTORY_NAME) if "step" in r]
@@ -157,7 +162,13 @@ def test_an_lr_jump_is_rolled_back_and_a_lower_lr_accepted(tmp_path: Path) -> No
         }
     ]
     model = result.ledger.config["model"]  # with the class's defaults, as the CLI fills them
-    assert model["class_path"] == MODEL and model["init_args"]["jump_step"] == JUMP_STEP
+    assert model["class_path"] == VALIDATED and model["init_args"]["jump_step"] == JUMP_STEP
+    # Issue 55: the rows compare the module's validation metric at one step (it compared
+    # the last 10 steps' train losses)
+    (measured_by,) = {row["measured_by"] for row in result.ledger.comparison}
+    assert measured_by == f"val_loss at step {STEPS} (the last validation of every run)"
+    last = read_history(Path(result.ledger.config["log_root"]) / "spike1/scale_lr" / HISTORY_NAME)
+    assert result.ledger.comparison[0]["measure"] == last[-1]["val"]["val_loss"]
     assert model["init_args"]["lr"] == 0.1
     assert not any(b.name == "compare/qk_norm" for b in result.ledger.branches)
 
@@ -170,6 +181,22 @@ def test_poisoned_positions_are_rolled_back_and_skipped(tmp_path: Path) -> None:
     skipper = result.ledger.branch("spike1/skip_data").remedies[-1]
     assert skipper["init_args"] == {"ranges": [[POISON - 2, POISON + 2]]}
     assert result.ledger.totals is not None and result.ledger.totals.batches_skipped == 4
+    # Issue 55: the rows compare the train loss over the same batches, after the skipped
+    # ones: the recovered run trains position p at step p - 4 (it compared the last 10
+    # steps' losses, of other batches in each run)
+    rows = {row["run"]: row for row in result.ledger.comparison}
+    (measured_by,) = {row["measured_by"] for row in rows.values()}
+    window = range(POISON + 2, STEPS)  # after the skip window 28-31, to the do-nothing's end
+    assert measured_by.startswith(f"train loss, mean over data positions {POISON + 2}-59 ")
+    root = Path(result.ledger.config["log_root"])
+    heads = {
+        "recovered (accepted lineage)": "spike1/skip_data",
+        "do nothing (continue through the spike)": "compare/do_nothing",
+    }
+    for run, head in heads.items():
+        history = read_history(root / head / HISTORY_NAME)
+        loss = {r["position"]: r["loss"] for r in history if "step" in r}
+        assert rows[run]["measure"] == sum(loss[p] for p in window) / len(window), run
 
 
 def test_a_users_remedy_callback_is_a_rung_built_for_the_spike(tmp_path: Path) -> None:

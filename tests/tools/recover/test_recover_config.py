@@ -299,7 +299,7 @@ def test_a_ledger_or_history_of_an_unknown_format_version_is_refused_by_name(
     history.write_text('{"history_version": 7}\n{"step": 0, "loss": 1.0}\n')
     with pytest.raises(LedgerUnreadable) as history_error:
         read_history(history)
-    expected = f"{history} has format version 7; this lit-spikes reads version 1, 2"
+    expected = f"{history} has format version 7; this lit-spikes reads version 1, 2, 3"
     assert expected in str(history_error.value)
 
 
@@ -308,7 +308,7 @@ def test_a_history_file_begins_with_its_format_version(tmp_path: Path) -> None:
 
     history, records = tmp_path / HISTORY_NAME, [{"step": 0, "loss": 1.5}, {"val_step": 1}]
     write_history(history, records)
-    assert history.read_text().splitlines()[0] == '{"history_version": 2}'
+    assert history.read_text().splitlines()[0] == '{"history_version": 3}'
     assert read_history(history) == records
     history.write_text('{"step": 0, "loss": 1.5}\n')  # written before the version line
     assert read_history(history) == [{"step": 0, "loss": 1.5}]
