@@ -8,9 +8,12 @@ checkout, which is installed editable), that the unmutated copy passes ``DIRS`` 
 "not slow"``), then applies one mutation at a time and runs ``DIRS`` with PYTHONPATH at
 the copy, stopping once ``MAX_FAILURES`` tests failed. It counts the distinct test
 functions that fail (parameters folded) and prints a table: a mutation is caught when at
-least 2 fail. It exits 1 if a mutation is missed or the unmutated copy fails, 2 if an
-anchor is not found exactly once (re-anchor it). Each row names a test that should fail
-(``expect``): the table says when it did not, a hint for the author, not the verdict.
+least 2 fail, one of them on a module written for the tests (``on_own_module``: a reading
+of the test's source), not only the project's model; a test running past
+``TEST_TIMEOUT_S`` fails by name. It exits 1 if a mutation is missed or the unmutated
+copy fails, 2 if an anchor is not found exactly once (re-anchor it). Each row names a
+test that should fail (``expect``): the table says when it did not, a hint for the
+author, not the verdict.
 
     python scripts/mutations.py [--only NAME ...] [--list]
 """
@@ -18,6 +21,7 @@ anchor is not found exactly once (re-anchor it). Each row names a test that shou
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
@@ -28,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,6 +57,10 @@ DIRS = ("tests/library", "tests/tools")
 """The test directories every mutation is judged by (their tests not marked slow)."""
 TIMEOUT_S = 300
 """A run of ``DIRS`` takes ~90 s here (2 cores): past this it hangs, and is said to."""
+TEST_TIMEOUT_S = 100
+"""One test past this fails by name (pytest-timeout), so a mutation that makes one test
+loop (a rollback to the spike's own file, for one) is counted with the others that
+catch it; without it the whole run hung and counted none."""
 MAX_FAILURES = 12
 """Stop a mutated run after this many failed tests (enough, as a rule, to count 2
 functions: a count under 2 with this many failures says so with a '+')."""
@@ -415,9 +424,82 @@ def judged(root: Path) -> tuple[list[str], float, bool]:
     whether the run hung (past ``TIMEOUT_S``)."""
     start = time.perf_counter()
     output, hung = pytest_run(
-        root, "-rf", "-m", "not slow", "-n", "2", f"--maxfail={MAX_FAILURES}", *DIRS
+        root,
+        "-rf",
+        "-m",
+        "not slow",
+        "-n",
+        "2",
+        f"--maxfail={MAX_FAILURES}",
+        f"--timeout={TEST_TIMEOUT_S}",
+        *DIRS,
     )
     return failing_functions(output), time.perf_counter() - start, hung
+
+
+DEMO_HELPERS = ("demo_setup",)
+"""Modules of ``tests/modules`` that set the project's own model up (the demo's)."""
+DEMO_WORDS = {"TinyGPTModule", "StepDataModule", "tiny_reference", "tiny", "fit"}
+"""Names a test uses the project's model by: its classes, and conftest's tiny runs."""
+
+
+def _imported(tree: ast.Module, wanted: Any) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and wanted(node.module or ""):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _words(source: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
+
+
+def _is_own_module(module: str) -> bool:
+    return module.startswith("tests.modules.") and module.split(".")[2] not in DEMO_HELPERS
+
+
+def _is_demo_module(module: str) -> bool:
+    return module.startswith("lit_spikes.demo") or module == "tests.modules.demo_setup"
+
+
+def _uses(source: str, names: set[str], own: bool) -> bool:
+    paths = re.findall(r"tests\.modules\.(\w+)\.", source)  # a class path given as text
+    given = any((m not in DEMO_HELPERS) == own for m in paths) or (
+        not own and "lit_spikes.demo." in source
+    )
+    return given or bool(_words(source) & names)
+
+
+def on_own_module(root: Path, test: str) -> bool:
+    """Whether test ``file::name`` is not only on the project's model: it uses something
+    written for the tests (a module, data or callback of its file or of ``tests/modules``,
+    by name or class path), or nothing of the demo's (a check of files or of a function).
+    Read from the source of the test, the fixtures of its file it takes and its file's
+    constants, not from what runs."""
+    file, _, name = test.partition("::")
+    text = (root / file).read_text()
+    tree = ast.parse(text)
+    own = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    own |= _imported(tree, _is_own_module)
+    shared = _imported(tree, lambda module: module == "tests.conftest")
+    demo = DEMO_WORDS | {w for w in shared if w.startswith(("TINY", "tiny"))}
+    demo |= _imported(tree, _is_demo_module)
+    for node in (n for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign)):
+        source = ast.get_source_segment(text, node) or ""
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        named = {t.id for t in targets if isinstance(t, ast.Name)}
+        own |= named if _uses(source, own, True) else set()
+        demo |= named if _uses(source, demo, False) else set()
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    function = functions.get(name.rpartition("::")[2])
+    if function is None:
+        return False
+    taken = [functions[a.arg] for a in function.args.args if a.arg in functions]
+    sources = [ast.get_source_segment(text, f) or "" for f in (function, *taken)]
+    return any(_uses(s, own, True) for s in sources) or not any(
+        _uses(s, demo, False) for s in sources
+    )
 
 
 def main() -> int:
@@ -455,17 +537,18 @@ def main() -> int:
                 failing, seconds, hung = judged(root)
             finally:
                 path.write_text(texts[m.name])
-            caught = len(failing) >= 2  # a hang alone catches nothing by name
+            own = sum(on_own_module(root, test) for test in failing)
+            caught = len(failing) >= 2 and own >= 1  # a hang alone catches nothing by name
             missed += not caught
             unmet = [t for t in m.tests if t not in failing]
-            rows.append((m.name, m.file, len(failing), caught, seconds, unmet, hung))
-            print(f"{m.name}: {len(failing)} failing ({seconds:.0f} s)", flush=True)
-    width = max(len(r[0]) for r in rows)
-    print(f"{'mutation':<{width}}  {'file':<28} failing  verdict  seconds")
-    for name, file, count, caught, seconds, unmet, hung in rows:
-        verdict = "caught" if caught else "HUNG" if hung else "MISSED"
+            rows.append((m.name, m.file, len(failing), own, caught, seconds, unmet, hung))
+            print(f"{m.name}: {len(failing)} failing, {own} on own modules ({seconds:.0f} s)")
+    width, files = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    print(f"{'mutation':<{width}}  {'file':<{files}}  failing  own  verdict  seconds")
+    for name, file, count, own, caught, seconds, unmet, hung in rows:
+        verdict = "caught" if caught else "HUNG" if hung and count < 2 else "MISSED"
         shown = f"{count}{'+' if count >= MAX_FAILURES else ''}"
-        print(f"{name:<{width}}  {file:<28} {shown:<8} {verdict:<8} {seconds:.0f}")
+        print(f"{name:<{width}}  {file:<{files}}  {shown:<8} {own:<4} {verdict:<8} {seconds:.0f}")
         for test in unmet:
             print(f"{'':<{width}}  (not among the failures: {test})")
     return 1 if missed else 0

@@ -240,6 +240,45 @@ def test_compare_state_at_resume_step_and_bit_exact_tensors() -> None:
     assert report.first.when == "entering step 3"
 
 
+def test_compare_a_tensor_of_the_same_shape_and_dtype_differing_in_one_value() -> None:
+    """Only the values differ: the comparison is torch.equal, not the shape or the dtype
+    (the mutation audit found nothing else guarding it)."""
+    resumed = _record(6)
+    moment = torch.ones(2)
+    moment[1] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))  # one ulp away
+    resumed.final = {"optimizer state": {"optimizer 0 (AdamW)": {"state of `w`.exp_avg": moment}}}
+    report = compare(_record(6), resumed, steps=6, resume_at=3)
+    assert report.first is not None and report.first.component == "optimizer state"
+    assert (report.first.item, report.first.when) == ("state of `w`.exp_avg", "at the end (step 6)")
+
+
+class ResetsItsAverage(Net):
+    """Keeps an average of its weights in a buffer (saved with the weights) that it starts
+    afresh in ``on_train_start``, as if every fit were a new run: the losses of a resumed
+    run are the uninterrupted one's (the average is never used in a step), the average
+    is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("average", torch.zeros_like(self.net[0].weight))
+
+    def on_train_start(self) -> None:
+        self.average.copy_(self.net[0].weight.detach())
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)  # (before the step's files: in them)
+        self.average.mul_(0.9).add_(self.net[0].weight.detach(), alpha=0.1)
+
+
+def test_a_buffer_started_afresh_at_the_resume_is_named_though_every_loss_is_equal(
+    resume_check: Any,
+) -> None:
+    error = _first(resume_check, ResetsItsAverage, step_data, exact)
+    first = error.report.first
+    assert (first.component, first.item, first.step) == ("parameters", "average", RESUME_AT)
+    assert error.report.per_component["data"] is None  # the losses were equal throughout
+
+
 def test_compare_a_step_only_one_run_ran_is_loop_counters() -> None:
     resumed = _record(6)
     del resumed.steps[5]

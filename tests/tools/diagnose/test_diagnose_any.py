@@ -143,6 +143,27 @@ def test_a_one_off_fault_is_not_reproducible(tmp_path: Path) -> None:
     assert verdict.other_data is None
 
 
+def test_a_later_state_its_own_history_does_not_give_is_not_reproducible(tmp_path: Path) -> None:
+    """(c): a fault scaled the run's weights once at step 15, between its files of steps 10
+    and 20, and its batch at step 25 is poisoned. From the step-20 file the spike comes
+    back to the bit and skipping the data removes it, which alone reads data-caused; but
+    the step-10 file's replay, which meets no fault, reaches another loss at the spike:
+    the later state is not what the run's own history gives, so not-reproducible."""
+    marker = tmp_path / "fault.marker"
+    model = functools.partial(
+        FaultyRegressor, fault_step=15, fault_marker=str(marker), fault_scale=2.0
+    )
+    data = functools.partial(StepRegressionData, poison=[SPIKE])
+    run = original_run(tmp_path, "fault", model(), data())
+    assert marker.is_file()  # the fault hit the run, once: no replay meets it
+    verdict = diagnose(checkpoint_path(run, 20), SPIKE, CONFIG, model=model, data=data,
+                       earlier_ckpt=checkpoint_path(run, K))  # fmt: skip
+    assert verdict.same_data.bit_equal and verdict.other_data is not None, verdict.evidence
+    assert not verdict.other_data.spiked, verdict.evidence  # (b) alone: data-caused
+    assert verdict.earlier is not None and verdict.earlier.bit_equal is False, verdict.evidence
+    assert verdict.cause == "not-reproducible", verdict.evidence
+
+
 def test_a_file_without_rng_states_of_a_module_that_draws_nothing_is_evidence(
     tmp_path: Path,
 ) -> None:
