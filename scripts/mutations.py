@@ -349,6 +349,33 @@ MUTATIONS = [
             SKIP + "test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_target",
         ),
     ),
+    Mutation(
+        "failed_fit_start_restores_nothing",  # issue 52: the run directory as it was
+        "lit_spikes/tools/fit_start.py",
+        "            error.add_note(state.restore_under_lock())\n",
+        "            pass\n",
+        (
+            "tests/tools/test_fit_start.py::test_a_requeue_failing_at_fit_start_leaves_the_run_as_it_was",
+        ),
+    ),
+    Mutation(
+        "diagnose_names_no_setting_that_differs",  # issue 55: which setting, both values
+        "lit_spikes/tools/diagnose/unlike.py",
+        "    return lines\n",
+        "    return []\n",
+        (
+            "tests/tools/diagnose/test_diagnose_any.py::test_a_replay_that_is_not_the_run_names_each_setting_that_differs",
+        ),
+    ),
+    Mutation(
+        "recover_measures_across_the_skip",  # issue 55: the same batches in every row
+        "lit_spikes/tools/recover/measure.py",
+        "            stretch = {}  # a skip window (or a gap): the window lies after it\n",
+        "            pass\n",
+        (
+            "tests/tools/recover/test_measure.py::test_the_train_loss_is_averaged_over_the_same_positions_after_every_skip",
+        ),
+    ),
 ]
 
 
