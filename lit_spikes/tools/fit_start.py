@@ -29,8 +29,10 @@ from lit_spikes.checkpoints import TEMP_MARKER
 
 KEPT_BYTES = 1 << 20
 """Files up to this size (config.yaml, hparams.yaml, a note of the user's) are read at
-the snapshot, to be written back; larger ones (checkpoints, long event logs), which no fit
-start rewrites, are known by their identity only."""
+the snapshot, to be written back; larger ones are known by their identity only, and so
+are checkpoints and TensorBoard event files of any size: no fit start rewrites them (a
+new writer opens a new events file), and a run requeued many times holds many."""
+NEVER_REWRITTEN = ("*.ckpt", "events.out.tfevents.*")
 
 
 def _identity(path: Path) -> tuple[bool, int, int, int]:
@@ -84,7 +86,8 @@ class DirectoryState:
                 continue
             name = str(path.relative_to(root))
             state.entries[name] = _identity(path)
-            if path.is_file() and path.stat().st_size <= KEPT_BYTES:
+            small = path.is_file() and path.stat().st_size <= KEPT_BYTES
+            if small and not any(path.match(pattern) for pattern in NEVER_REWRITTEN):
                 state.contents[name] = path.read_bytes()
         return state
 

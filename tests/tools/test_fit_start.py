@@ -170,8 +170,11 @@ def test_the_directory_state_writes_back_removes_and_names_what_it_cannot(
     (root / "small.yaml").write_text("a: 1\n")
     (root / "gone.txt").write_text("kept")
     (root / "sub" / "big.bin").write_bytes(b"x" * 64)
+    (root / "events.out.tfevents.1").write_bytes(b"e")  # never rewritten: not read
+    (root / "sub" / "step=1.ckpt").write_bytes(b"c")
     monkeypatch.setattr(fit_start, "KEPT_BYTES", 16)
     state = DirectoryState.of(root)
+    assert sorted(state.contents) == ["gone.txt", "small.yaml"]
     (root / "small.yaml").write_text("a: 2\n")
     state.keep(root / "gone.txt")
     (root / "gone.txt").unlink()
