@@ -187,7 +187,7 @@ class HistoryLog(Callback):
         metrics = {
             str(name): float(value)
             for name, value in trainer.callback_metrics.items()
-            if str(name).startswith("val") and value.numel() == 1
+            if str(name).startswith("val") and torch.as_tensor(value).numel() == 1
         }
         if not metrics or trainer.sanity_checking:
             return

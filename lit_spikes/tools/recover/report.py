@@ -74,7 +74,8 @@ def _totals_lines(ledger: Ledger, totals: Totals) -> list[str]:
 
 def _comparison_table(ledger: Ledger) -> Table:
     measured_by = ledger.comparison[0].get("measured_by") if ledger.comparison else None
-    compare = Table(title="What the loop bought", caption=f"compared by {measured_by}")
+    caption = f"compared by {measured_by}" if measured_by else None  # (an older ledger)
+    compare = Table(title="What the loop bought", caption=caption)
     compare.add_column("run")
     columns = ("val bits/char", "spikes flagged", "max attn logit after 1st spike")
     for column in (*columns, "compared"):

@@ -148,13 +148,17 @@ def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
     )
     console = Console(record=True, width=200)
     result = recover(config, console)
-    assert "What the loop bought" in console.export_text()
+    printed = " ".join(console.export_text().split())
+    assert "What the loop bought" in printed
     rows = {row["run"]: row for row in result.ledger.comparison}
     recovered = rows["recovered (accepted lineage)"]
     nothing = rows["do nothing (continue through the spike)"]
     qk = rows["QK-norm at the same LR (from scratch)"]
     assert (recovered["spikes"], nothing["spikes"]) == (0, 1)  # the planted batch, once
     assert recovered["val_bpc"] == result.val_bpc
+    # One measure of every row, named under the table: the last validation all rows ran
+    assert all(row["measure"] == row["val_bpc"] for row in rows.values())
+    assert "compared by val/bpc at step 40 (the last validation of every run)" in printed
     assert all(row["val_bpc"] is not None for row in (nothing, qk))
     do_nothing = result.ledger.branch("compare/do_nothing")
     assert (do_nothing.parent, do_nothing.start_step, do_nothing.gate) == ("base", 20, "log")
