@@ -318,8 +318,8 @@ MUTATIONS = [
     Mutation(
         "logged_metrics_not_restored",  # a plateau replayed with no metric to read
         "callbacks/exact_resume.py",
-        "            trainer.callback_metrics.update(self._metrics)\n",
-        "            pass\n",
+        "        trainer.callback_metrics.update(self._metrics)\n",
+        "        pass\n",
         (CHECK + "test_reduce_lr_on_plateau_resumes_exactly",),
     ),
     Mutation(
