@@ -123,6 +123,7 @@ class LitSpikesCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.plan = ResumePlan()  # a new run, until --ckpt_path says otherwise
         self.before: DirectoryState | None = None  # the run directory before fit wrote
+        self.start = FitStart()  # whether the fit went past its start
         self._data_recorded = False  # the run's record named the data
         self.command_line: Any = None  # parsed again, on a checkpoint's settings
         super().__init__(*args, **kwargs)
@@ -241,7 +242,7 @@ class LitSpikesCLI(LightningCLI):
         """The subcommand (LightningCLI runs a method of the subcommand's name where the
         CLI has one): ``Trainer.fit``, whose failure before its first step leaves the run
         directory as it was."""
-        fit_or_restore(self.trainer, self.before, **kwargs)
+        fit_or_restore(self.trainer, self.before, self.start, **kwargs)
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -519,7 +520,7 @@ class LitSpikesCLI(LightningCLI):
         own = [parts.lock] if parts.lock is not None else []  # taken in instantiate_classes
         added = [*own, *parts.callbacks]
         if training:
-            added = [*training_callbacks(config, added, configured), FitStart()]
+            added = [*training_callbacks(config, added, configured), self.start]
         # The public method's keyword arguments override the configured ones: the
         # configured callbacks, then the project's (Lightning appends its SaveConfigCallback)
         return super().instantiate_trainer(

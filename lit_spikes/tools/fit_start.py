@@ -23,7 +23,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import LOCK_NAME, RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.checkpoints import TEMP_MARKER
 
@@ -157,14 +156,16 @@ class FitStart(Callback):
         self.passed = True
 
 
-def fit_or_restore(trainer: pl.Trainer, state: DirectoryState | None, **kwargs: Any) -> None:
-    """``trainer.fit(**kwargs)``; where it raises before its ``FitStart`` passed, the run
-    directory goes back to ``state`` and the exception says so in a note."""
+def fit_or_restore(
+    trainer: pl.Trainer, state: DirectoryState | None, start: FitStart, **kwargs: Any
+) -> None:
+    """``trainer.fit(**kwargs)``; where it raises before ``start`` (one of ``trainer``'s
+    callbacks) passed, the run directory goes back to ``state`` and the exception says so
+    in a note."""
     try:
         trainer.fit(**kwargs)
     except Exception as error:
-        marks = [cb for cb in trainer_callbacks(trainer) if isinstance(cb, FitStart)]
-        if state is not None and marks and not marks[0].passed and os.path.isdir(state.root):
+        if state is not None and not start.passed and os.path.isdir(state.root):
             error.add_note(state.restore_under_lock())
         raise
 

@@ -10,7 +10,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lit_spikes.callbacks.exact_resume import fingerprint, saved_fingerprint
+from lit_spikes.callbacks.exact_resume import (
+    differing_entries,
+    fingerprint,
+    saved_fingerprint,
+)
 
 FINGERPRINT_NAMES = {
     "precision": "--trainer.precision",
@@ -59,8 +63,7 @@ def settings_unlike_the_run(
     saved, here = saved_fingerprint(checkpoint), fingerprint(trainer)
     lines = [
         f"{FINGERPRINT_NAMES.get(key, key)}: the run's {saved[key]!r}, the replay's {here[key]!r}"
-        for key in sorted(set(saved) & set(here))
-        if not _same(saved[key], here[key])
+        for key in differing_entries(saved, here)  # clipping added too: not the run's
     ]
     lines += _arguments("--model", checkpoint.get("hyper_parameters"), module.hparams)
     data_hparams = getattr(datamodule, "hparams", None)
