@@ -106,15 +106,19 @@ def fingerprint(trainer: pl.Trainer | None) -> dict[str, Any]:
     }
 
 
+def differing_entries(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """The entries two fingerprints both hold, with other values (sorted)."""
+    return [key for key in sorted(set(saved) & set(here)) if saved[key] != here[key]]
+
+
 def fingerprint_differences(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """``"<key>: checkpoint <a>, now <b>"`` for each setting that differs. Clipping added
     where the checkpoint's run had none is not one: that is the clipping remedy."""
-    differ = []
-    for key in sorted(set(saved) & set(here)):
-        if saved[key] == here[key] or (key == "gradient_clip" and saved[key] is None):
-            continue
-        differ.append(f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}")
-    return differ
+    return [
+        f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}"
+        for key in differing_entries(saved, here)
+        if not (key == "gradient_clip" and saved[key] is None)
+    ]
 
 
 def saved_fingerprint(checkpoint: dict[str, Any]) -> dict[str, Any]:
