@@ -14,7 +14,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import torch
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -249,10 +249,12 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     """
     path = Path(path)
     temp = path.with_name(f".{path.name}{TEMP_MARKER}{os.getpid()}")
+    written: _WriteErrors | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temp, "wb") as handle:
-            write(handle)
+            written = _WriteErrors(handle)
+            write(cast(BinaryIO, written))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
@@ -266,7 +268,29 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
         raise CheckpointWriteError(path, error) from None
     except BaseException:
         temp.unlink(missing_ok=True)
+        if written is not None and written.error is not None:
+            # torch's zip writer turns the file's OSError into its own RuntimeError
+            # ("unexpected pos"): the disk's error is the one to name (a full disk)
+            raise CheckpointWriteError(path, written.error) from None
         raise
+
+
+class _WriteErrors:
+    """A file handle that keeps the ``OSError`` a write raised, whatever the writer (torch's
+    zip writer, which calls it from C++) turns it into."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle, self.error = handle, cast(OSError | None, None)
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:

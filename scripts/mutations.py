@@ -381,6 +381,36 @@ MUTATIONS = [
             "tests/tools/recover/test_measure.py::test_the_train_loss_is_averaged_over_the_same_positions_after_every_skip",
         ),
     ),
+    Mutation(
+        "handed_over_module_imported",  # issue 61: a file the user did not name runs no code
+        "lit_spikes/tools/import_guard.py",
+        "    if not module_name or module_name in sys.modules or module_name in _NAMED.get():\n",
+        "    if True:\n",
+        (
+            "tests/tools/test_handed_over.py::test_a_module_beside_a_handed_over_record_is_refused_and_never_runs",
+            "tests/tools/test_handed_over.py::test_a_ledger_above_a_branch_names_no_module_that_runs",
+        ),
+    ),
+    Mutation(
+        "record_from_any_grandparent",  # issue 61: a record only in the layout fit writes
+        "lit_spikes/tools/run_record.py",
+        "    return folder.parent / RECORD_NAME if folder.name == CHECKPOINT_DIRNAME else None\n",
+        "    return folder.parent / RECORD_NAME\n",
+        (
+            "tests/tools/test_handed_over.py::test_no_record_is_read_from_a_grandparent_that_is_no_run_directory",
+            "tests/tools/test_handed_over.py::test_a_file_outside_a_run_resumes_without_its_grandparents_record",
+        ),
+    ),
+    Mutation(
+        "full_disk_in_torchs_writer_unnamed",  # issue 61: a full disk is one line, exit 74
+        "lit_spikes/checkpoints.py",
+        "        if written is not None and written.error is not None:\n",
+        "        if False:\n",
+        (
+            "tests/library/test_checkpoints.py::test_a_disk_filling_inside_torchs_zip_writer_is_the_write_error",
+            "tests/tools/test_persistence.py::test_a_disk_that_fills_inside_torchs_writer_is_one_line_and_exit_74",
+        ),
+    ),
 ]
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from lit_spikes.tools.commands import COMMANDS, DESCRIPTION, NAMES, TOP_USAGE
+from lit_spikes.tools.import_guard import named_by_user
 
 if TYPE_CHECKING:
     from lit_spikes.tools.diagnose import Verdict
@@ -94,6 +95,14 @@ def main(
             file=sys.stderr,
         )
         raise SystemExit(2)
+    # What a file the user did not name (a run's record, a ledger) may make it import
+    with named_by_user(argv):
+        return _dispatch(argv, args)
+
+
+def _dispatch(
+    argv: list[str], args: list[str] | None
+) -> LitSpikesCLI | RecoverResult | Verdict | int | None:
     if argv[0] in COMMANDS:
         result = _command(argv[0], argv[1:])
         if argv[0] == "check-resume" and args is None:

@@ -303,7 +303,7 @@ class LitSpikesCLI(LightningCLI):
             restart = fitting and self._check_history(root, None, None, asked == "last")
             if fitting and asked == "last":  # a user's run killed before its first checkpoint
                 self._check_record(root / RECORD_NAME)
-                self._from_record("fit", root, None)
+                self._from_record("fit", root / RECORD_NAME, None)
             return ResumePlan(restart=restart)
         self._check_record(record_path(Path(path)))
         try:  # validate and test need only the weights
@@ -323,12 +323,12 @@ class LitSpikesCLI(LightningCLI):
         self._resume_with_checkpoint_settings(path, checkpoint, callbacks)
         return ResumePlan(path, step, checkpoint, record, callbacks)
 
-    def _check_record(self, record: Path) -> None:
+    def _check_record(self, record: Path | None) -> None:
         """The run's ``config.yaml`` (a file the command line did not name), checked before
         anything of it is used: a class path in it that is not what its entry takes is a
         usage error naming the entry and the file, before any is called; the one it reads
         is said in a line."""
-        if not record.is_file():
+        if record is None or not record.is_file():
             return
         try:
             run_record.read_record(record)
@@ -437,7 +437,7 @@ class LitSpikesCLI(LightningCLI):
         the default too (given otherwise, the module warns, unless clipping is added to a
         run that had none: the clipping remedy)."""
         subcommand = self.config["subcommand"]
-        self._from_record(subcommand, Path(path).resolve().parent.parent, path)
+        self._from_record(subcommand, record_path(Path(path)), path)
         saved: dict[str, Any] = {}
         problem = foreign_checkpoint(self.config[subcommand]["model"], checkpoint, path)
         if subcommand == "fit" and problem:  # else the module's refusal, files written
@@ -473,11 +473,13 @@ class LitSpikesCLI(LightningCLI):
                 "to change the LR from the resume point on, add an LRScaler callback"
             )
 
-    def _from_record(self, subcommand: str, run_dir: Path, path: str | None) -> None:
-        """The run's config.yaml as the defaults, the command line parsed on them; with no
-        checkpoint (``path`` None: a run killed before its first file), its callbacks too."""
-        recorded = run_record.read_record(run_dir / RECORD_NAME)
-        if record := recorded_run_config(recorded, with_callbacks=path is None):
+    def _from_record(self, subcommand: str, record_file: Path | None, path: str | None) -> None:
+        """The run's config.yaml (``record_file``; None: a file in no run's layout) as the
+        defaults, the command line parsed on them; with no checkpoint (``path`` None: a
+        run killed before its first file), its callbacks too."""
+        recorded = run_record.read_record(record_file)
+        record = recorded_run_config(recorded, with_callbacks=path is None)
+        if record_file is not None and record:
             self._data_recorded = "data" in record
             self._subcommand_parser(subcommand).set_defaults(record)
             self.config = self.parser.parse_args(self.command_line)
@@ -486,8 +488,8 @@ class LitSpikesCLI(LightningCLI):
             config = self.config[subcommand]
             root = Path(config["trainer"]["default_root_dir"]).resolve()
             if subcommand == "fit":  # validate may take any settings
-                requeue = root == run_dir.resolve()
-                problem = record_problem(record, config, run_dir / RECORD_NAME, requeue, recorded)
+                requeue = root == record_file.parent.resolve()
+                problem = record_problem(record, config, record_file, requeue, recorded)
                 if problem is not None:
                     self.parser.error(problem)
 

@@ -345,9 +345,11 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
     beside it to name the classes that did."""
     if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), DEMO_MODEL):
         return None
+    record = run_record.record_path(path)
+    where = f"at {record}" if record is not None else "beside it (it is in no <run>/checkpoints/)"
     return (
         f"--ckpt_path {path} was not written by TinyGPTModule (no 'lit_spikes' entry) and "
-        f"no {RECORD_NAME} of its run is at {run_record.record_path(path)}: give the run's "
+        f"no {RECORD_NAME} of its run is {where}: give the run's "
         "--model CLASS_PATH and --data CLASS_PATH (and its --trainer.max_steps)"
     )
 

@@ -86,7 +86,7 @@ def recorded_classes(args: list[str], default_root: str) -> dict[str, Any] | Non
         return None
     root = Path(_option(args, "--trainer.default_root_dir") or default_root)
     record = root / RECORD_NAME if path in ("last", "latest") else record_path(Path(path))
-    recorded = read_record(record) if record.is_file() else {}
+    recorded = read_record(record) if record is not None and record.is_file() else {}
     model = recorded.get("model")
     if not isinstance(model, dict):
         return None

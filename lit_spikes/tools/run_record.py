@@ -21,8 +21,11 @@ from typing import Any
 import yaml
 
 from lit_spikes.tools.factories import import_class
+from lit_spikes.tools.import_guard import how_to_accept, refusal
 
 RECORD_NAME = "config.yaml"
+CHECKPOINT_DIRNAME = "checkpoints"
+"""The folder of a run's files that ``lit-spikes fit`` writes (``<run>/checkpoints``)."""
 
 _PLAIN = frozenset({object, str, bytes, int, float, bool, type(None), dict, list, tuple, set})
 """Annotations that name no class a class path could be checked against."""
@@ -34,18 +37,23 @@ class RecordError(ValueError):
     resolved); the message names the file, the entry and the fix."""
 
 
-def record_path(ckpt_path: str | Path) -> Path:
-    """The run's record of a ``<run>/checkpoints/<file>``: ``<run>/config.yaml``."""
-    return Path(ckpt_path).resolve().parent.parent / RECORD_NAME
+def record_path(ckpt_path: str | Path) -> Path | None:
+    """The run's record of a ``<run>/checkpoints/<file>``: ``<run>/config.yaml``. None for
+    a file anywhere else: its grandparent is no run directory (``/tmp/a/x.ckpt`` would
+    read ``/tmp/config.yaml``, which any user of the machine can write)."""
+    folder = Path(ckpt_path).resolve().parent
+    return folder.parent / RECORD_NAME if folder.name == CHECKPOINT_DIRNAME else None
 
 
-def read_record(path: Path) -> dict[str, Any]:
-    """The record at ``path``, parsed and checked ({} where there is none).
+def read_record(path: Path | None) -> dict[str, Any]:
+    """The record at ``path``, parsed and checked ({} where there is none, or no path).
 
     Raises:
         RecordError: a file there that does not parse or holds no mapping (a hand edit, a
             write cut short), or a class path in it that is not what its entry takes.
     """
+    if path is None:
+        return {}
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -134,7 +142,15 @@ def _check(value: Any, where: str, bases: tuple[type, ...], path: Path, top: boo
 
 def _resolved(class_path: Any, where: str, bases: tuple[type, ...], path: Path) -> type:
     """The class ``class_path`` names (imported, never called), if it is a subclass of one
-    of ``bases``."""
+    of ``bases``; its module is located first, and not imported where the user did not
+    put it (``import_guard``)."""
+    if isinstance(class_path, str) and (why := refusal(class_path, path.parent)) is not None:
+        raise RecordError(
+            f"{path}: entry {where} names {class_path!r}, whose module {why}. lit-spikes "
+            "imports no code that a file you did not name asks for; nothing was run or "
+            f"written. To run it, {how_to_accept(where, class_path)}, or install its "
+            "package or put its folder on PYTHONPATH"
+        )
     try:
         if not isinstance(class_path, str):
             raise ValueError("it is no class path (package.module.Class)")

@@ -20,12 +20,12 @@ from typing_extensions import override
 from lit_spikes.callbacks.common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
 from lit_spikes.tools.progress import with_step_progress_bar
+from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME as CHECKPOINT_DIRNAME
 from lit_spikes.tools.tb import RunLogger
 
 if TYPE_CHECKING:
     from lit_spikes.callbacks.run_lock import RunDirectoryLock
 
-CHECKPOINT_DIRNAME = "checkpoints"
 CHECKPOINT_FILENAME = "{step}"
 """ModelCheckpoint's name pattern: files are called ``step=<k>.ckpt``."""
 

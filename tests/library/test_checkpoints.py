@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+import lit_spikes.checkpoints as checkpoints
 from lit_spikes.callbacks import ExactResume
 from lit_spikes.checkpoints import (
     AtomicCheckpointIO,
@@ -112,6 +113,48 @@ def test_a_failed_write_is_raised_naming_the_file_and_keeps_the_old_one(
     assert str(copy) == str(error.value)
     broken = pickle.loads(pickle.dumps(CheckpointError(path, "truncated")))
     assert (broken.path, broken.reason) == (path, "truncated")
+
+
+class _Filling:
+    """A file on a disk with ``room`` bytes left: a write past it raises ``ENOSPC``."""
+
+    def __init__(self, handle: Any, room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if size > self.room:
+            raise OSError(28, "No space left on device")
+        self.room -= size
+        return int(self.handle.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def __enter__(self) -> _Filling:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+
+@pytest.mark.parametrize("room", [0, 100, 5000])
+def test_a_disk_filling_inside_torchs_zip_writer_is_the_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int
+) -> None:
+    path = tmp_path / "step=5.ckpt"
+    atomic_torch_save({"version": 1}, path)
+
+    def filling(name: str, mode: str) -> _Filling:
+        return _Filling(open(name, mode), room)
+
+    monkeypatch.setattr(checkpoints, "open", filling, raising=False)  # atomic_write's open
+    with pytest.raises(CheckpointWriteError, match="No space left on device") as error:
+        AtomicCheckpointIO().save_checkpoint({"weights": torch.zeros(10_000)}, path)
+    monkeypatch.undo()
+    assert str(error.value).startswith(f"cannot write {path}: No space left on device (")
+    assert torch.load(path, weights_only=True) == {"version": 1}
+    assert not remove_leftovers(tmp_path)
 
 
 def test_other_plugins_keep_the_atomic_checkpoint_writes(tmp_path: Path) -> None:

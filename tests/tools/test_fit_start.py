@@ -152,7 +152,7 @@ def test_a_failing_requeue_in_a_new_process_says_so_and_the_same_command_then_wo
     before = snapshot(root)
     requeue = ["fit", "--trainer.default_root_dir", str(root), "--ckpt_path", "last", *QUIET]
     command = [sys.executable, "-m", "lit_spikes.tools.cli", *requeue]
-    env = {**os.environ, FAIL_AT: "setup"}
+    env = {**os.environ, FAIL_AT: "setup", "PYTHONPATH": str(REPO)}  # the user's modules
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, check=False)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "RuntimeError: planted failure in setup" in done.stderr

@@ -4,8 +4,14 @@
 from __future__ import annotations
 
 import errno
+import os
+import resource
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,7 @@ from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import AtomicCheckpointIO, CheckpointWriteError, load_checkpoint
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.training import checkpoint_path
-from tests.conftest import TINY_CLI, fit, lock_probe, tb_steps
+from tests.conftest import REPO, TINY_CLI, fit, lock_probe, tb_steps
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 
@@ -149,3 +155,36 @@ def test_the_events_before_a_checkpoint_are_on_disk_when_its_save_returns(
     # Lightning logs self.log's values of a step (and flushes) after its checkpoint
     # callbacks ran: the step before the file follows a moment later, not in it.
     assert on_disk[5]["train/loss"] == list(range(4))
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    """For a new process: files past ``limit`` bytes cannot be written (``EFBIG``, the
+    ``OSError`` a full disk gives as ``ENOSPC``), through torch's own zip writer."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_disk_that_fills_inside_torchs_writer_is_one_line_and_exit_74(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    net, data = (f"tests.modules.fit_modules.{n}" for n in ("DropoutNet", "StepData"))
+    run = ["fit", "--model", net, "--model.hidden", "512", "--data", data,
+           "--checkpoint_every", "3", "--trainer.enable_progress_bar", "false",
+           "--trainer.default_root_dir", str(root)]  # fmt: skip
+    cli_main([*run, "--trainer.max_steps", "3"])
+    first = (root / "checkpoints" / "step=3.ckpt").read_bytes()
+    assert len(first) > 6000  # the file is over the limit; config.yaml and the events are not
+    done = subprocess.run(
+        [sys.executable, "-m", "lit_spikes.tools.cli", *run, "--trainer.max_steps", "6",
+         "--ckpt_path", "last"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=_file_size_limit(6000), timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == os.EX_IOERR == 74, done.stderr[-3000:]
+    line = _one_error_line(done.stderr)
+    assert f"cannot write {checkpoint_path(root, 6)}: File too large; earlier" in line
+    assert (root / "checkpoints" / "step=3.ckpt").read_bytes() == first
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step=3.ckpt"]

@@ -37,7 +37,8 @@ FILES = [f"step={s}.ckpt" for s in (10, 20, 30, 40)]
 
 
 def lit_spikes(*args: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != KILL_AT}
+    # The test's modules are the user's: on PYTHONPATH, as a requeue finds them (issue 61)
+    env = {k: v for k, v in os.environ.items() if k != KILL_AT} | {"PYTHONPATH": str(REPO)}
     if kill_at is not None:
         env[KILL_AT] = kill_at
     return subprocess.run(

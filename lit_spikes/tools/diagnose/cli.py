@@ -37,7 +37,7 @@ from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.replay import CheckpointReads
 from lit_spikes.tools.diagnose.run import diagnose
 from lit_spikes.tools.diagnose.verdict import Verdict
-from lit_spikes.tools.run_record import announce, record_path
+from lit_spikes.tools.run_record import announce, read_record, record_path
 from lit_spikes.tools.training import unwritable_directory
 
 PROG = "lit-spikes diagnose"
@@ -222,8 +222,9 @@ def _run(parser: ArgumentParser, config: DiagnoseConfig, parsed: Any) -> Verdict
                 "--data_config, --data_seed, --batch_size and --poison are the built-in "
                 "StepDataModule's: give the settings of --data as --data.init_args.NAME"
             )
-        if (record := record_path(command.ckpt_path)).is_file():
-            announce(record)  # checked in diagnose, before any of it is used
+        if (record := record_path(command.ckpt_path)) is not None and record.is_file():
+            read_record(record)  # its class paths checked before the line says it is read
+            announce(record)
         return diagnose(
             command.ckpt_path,
             command.spike_step,

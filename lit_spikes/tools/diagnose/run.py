@@ -32,6 +32,8 @@ from lit_spikes.tools.diagnose.subject import (
     subject_of,
 )
 from lit_spikes.tools.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
+from lit_spikes.tools.import_guard import first_refusal
+from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME, RecordError
 
 
 def diagnose(
@@ -131,16 +133,29 @@ def _loss_tags(config: DiagnoseConfig, judge: Judge) -> tuple[str, ...]:
 
 def _ledger_steps(ckpt_path: Path) -> int | None:
     """The steps of the recover run whose branch wrote ``ckpt_path`` (its ledger's
-    config, ``<log_root>/ledger.json``, ``<log_root>/<branch>/checkpoints/<file>``);
-    None where none is found."""
+    config, ``<log_root>/ledger.json``, ``<log_root>/<branch>/checkpoints/<file>``, a
+    branch's name of one or two folders); None where none is found.
+
+    Raises:
+        RecordError: the ledger names a class whose code lit-spikes does not import
+            (``import_guard``): a file the user did not name.
+    """
     from lit_spikes.tools.recover.config import RecoverConfig  # the ledger's own reading
     from lit_spikes.tools.recover.ledger import LEDGER_NAME
 
-    for root in list(ckpt_path.resolve().parents)[1:4]:
+    resolved = ckpt_path.resolve()
+    if resolved.parent.name != CHECKPOINT_DIRNAME:
+        return None  # no branch of a recover run: its ledger is not looked for
+    for root in list(resolved.parents)[2:4]:
         try:
             saved = json.loads((root / LEDGER_NAME).read_text())["config"]
-            return RecoverConfig.from_dict({**saved, "log_root": str(root)}).steps
         except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if (why := first_refusal(saved, root / LEDGER_NAME, ("model", "data"))) is not None:
+            raise RecordError(why)
+        try:
+            return RecoverConfig.from_dict({**saved, "log_root": str(root)}).steps
+        except (ValueError, TypeError, KeyError):
             continue
     return None
 

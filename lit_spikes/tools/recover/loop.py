@@ -24,6 +24,7 @@ from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
 from lit_spikes.tools.defaults import plain_config
+from lit_spikes.tools.import_guard import first_refusal
 from lit_spikes.tools.recover.branch import (
     Builders,
     branch_run,
@@ -49,6 +50,7 @@ from lit_spikes.tools.recover.ledger import (
     Intervention,
     Ledger,
     LedgerMismatch,
+    LedgerUnreadable,
     read_ledger,
     write_ledger,
 )
@@ -189,6 +191,9 @@ class RecoveryLoop:
     def _check_same_config(self) -> None:
         saved = dict(self.ledger.config)
         saved.pop("log_root", None)
+        # Its class paths are located before from_dict imports any (a handed-over root)
+        if (why := first_refusal(saved, self.path, ("model", "data"))) is not None:
+            raise LedgerUnreadable(why)
         # A ledger of an older lit-spikes lacks newer fields: they hold their defaults.
         # Unknown or refused fields: compared as written, and named below.
         with suppress(ValueError, TypeError):
