@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch.plugins.io import CheckpointIO
 from typing_extensions import override
 
+from lit_spikes.file_digest import misread, save_with_digest
+
 STEP_PATTERN = re.compile(r"step=(\d+)")
 VERSION_PATTERN = re.compile(r"-v(\d+)\.ckpt$")
 """ModelCheckpoint's suffix for a second file of one name (``step=20-v1.ckpt``)."""
@@ -144,7 +146,12 @@ def _load_file(path: Path) -> Any:
         raise CheckpointError(
             path, f"truncated or corrupt ({type(error).__name__}: {error})"
         ) from None
-    damaged = _record_failing_crc(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = _record_failing_crc(archive)
+            wrong = misread(checkpoint, archive) if damaged is None else None
+    except Exception as error:  # zipfile raises more than BadZipFile on a damaged header
+        damaged, wrong = f"(the archive: {type(error).__name__}: {error})", None
     if damaged is not None:
         # torch.load checks no checksum: a flipped bit in a tensor loads, and a resume from
         # it trains on NaN weights to the end.
@@ -153,26 +160,29 @@ def _load_file(path: Path) -> Any:
             f"corrupt: its record {damaged} fails its CRC-32 check (bits changed on disk or "
             "in a copy since it was written); resume from another checkpoint",
         )
+    if wrong is not None:
+        raise CheckpointError(path, f"corrupt: {wrong}; resume from another checkpoint")
     return checkpoint
 
 
-def _record_failing_crc(path: Path) -> str | None:
+def _record_failing_crc(archive: zipfile.ZipFile) -> str | None:
     """The first record of a torch zip file whose bytes fail the CRC-32 stored with them
     (about 2 ms per MB); None when all pass. A stored 0 is none: torch writes no
-    checksums after ``torch.serialization.set_crc32_options(False)``."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if info.CRC == 0:
-                    continue
-                try:
-                    with archive.open(info) as record:
-                        while record.read(1 << 20):  # zipfile checks the CRC at the end
-                            pass
-                except zipfile.BadZipFile:
-                    return info.filename
-    except (zipfile.BadZipFile, OSError) as error:
-        return f"(the archive: {error})"
+    checksums after ``torch.serialization.set_crc32_options(False)``.
+
+    Raises:
+        Exception: what zipfile raises on a damaged header (BadZipFile, NotImplementedError
+            for an unknown compression, UnicodeDecodeError for a name, ...).
+    """
+    for info in archive.infolist():
+        if info.CRC == 0:
+            continue
+        try:
+            with archive.open(info) as record:
+                while record.read(1 << 20):  # zipfile checks the CRC at the end
+                    pass
+        except zipfile.BadZipFile:
+            return info.filename
     return None
 
 
@@ -252,7 +262,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     written: _WriteErrors | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temp, "wb") as handle:
+        with open(temp, "w+b") as handle:
             written = _WriteErrors(handle)
             write(cast(BinaryIO, written))
             handle.flush()
@@ -378,7 +388,7 @@ class AtomicCheckpointIO(CheckpointIO):
             )
         failing = sys.exc_info()[1]  # a save in a callback's on_exception
         try:
-            atomic_torch_save(checkpoint, path)
+            atomic_write(Path(path), lambda handle: save_with_digest(checkpoint, handle))
         except BaseException:
             if failing is not None and _caught_by_lightning(failing):
                 # Lightning skips teardown when an on_exception raises: what was to

@@ -233,8 +233,8 @@ MUTATIONS = [
     Mutation(
         "crc_not_checked",
         "lit_spikes/checkpoints.py",
-        "    damaged = _record_failing_crc(path)\n",
-        "    damaged = None\n",
+        "            damaged = _record_failing_crc(archive)\n",
+        "            damaged = None\n",
         (CHECKPOINTS + "test_a_users_newest_file_with_one_flipped_byte_is_passed_over",),
     ),
     Mutation(
@@ -399,6 +399,26 @@ MUTATIONS = [
         (
             "tests/tools/test_handed_over.py::test_no_record_is_read_from_a_grandparent_that_is_no_run_directory",
             "tests/tools/test_handed_over.py::test_a_file_outside_a_run_resumes_without_its_grandparents_record",
+        ),
+    ),
+    Mutation(
+        "torch_read_tensors_unchecked",  # issue 61: never loaded with other values
+        "lit_spikes/file_digest.py",
+        "    if unmatched:\n",
+        "    if False:\n",
+        (
+            "tests/library/test_damaged_files.py::test_every_byte_flipped_is_refused_by_name_or_loads_as_saved",
+            "tests/library/test_damaged_files.py::test_what_torch_reads_otherwise_than_it_was_saved_is_refused",
+        ),
+    ),
+    Mutation(
+        "failed_start_sees_no_write",  # issue 61: a failed start removes only its own
+        "lit_spikes/tools/fit_start.py",
+        "            _RECORDING[-1].see(path)\n",
+        "            pass\n",
+        (
+            "tests/tools/test_fit_start.py::test_a_failed_start_leaves_what_another_process_wrote_meanwhile",
+            "tests/tools/test_fit_start.py::test_a_write_through_a_symlink_out_of_the_run_is_undone_too",
         ),
     ),
     Mutation(

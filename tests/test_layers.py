@@ -36,6 +36,7 @@ LIBRARY = (
     "lit_spikes",
     "lit_spikes.loader",
     "lit_spikes.checkpoints",
+    "lit_spikes.file_digest",
     "lit_spikes.randomness",
     "lit_spikes.stacklevel",
 )

@@ -9,12 +9,20 @@ a ``DirectoryState`` of the run directory before it writes anything; when the fi
 before a training batch ended (``FitStart``), ``restore`` removes what the command created
 and writes back what it changed or removed, so the same requeue works again once its cause
 is fixed. A stop (SIGTERM, Ctrl-C: not an ``Exception``) is no failure: its files stay.
+
+Only what this process wrote is undone: a ``WriteRecorder`` (Python's audit hook: every
+open for writing and every mkdir, whoever calls it: Lightning, the logger, the module)
+names the files it created or changed, and the identity each had at the fit's next hook.
+An entry another process made or changed meanwhile is left, and the note says so; a
+write through a symlink is seen where it lands, inside the run directory or not.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +32,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lit_spikes.callbacks.run_lock import LOCK_NAME, RunDirectoryBusy, RunDirectoryLock
-from lit_spikes.checkpoints import TEMP_MARKER
+from lit_spikes.checkpoints import TEMP_MARKER, CheckpointWriteError
 
 KEPT_BYTES = 1 << 20
 """Files up to this size (config.yaml, hparams.yaml, a note of the user's) are read at
@@ -37,6 +45,107 @@ NEVER_REWRITTEN = ("*.ckpt", "events.out.tfevents.*")
 def _identity(path: Path) -> tuple[bool, int, int, int]:
     stat = path.stat()
     return path.is_dir(), stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_HOOKED: list[bool] = []
+_RECORDING: list[WriteRecorder] = []
+"""The recorders listening now; the audit hook, once added, stays for the process's life
+and returns at once while this is empty."""
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if not _RECORDING:
+        return
+    if event == "open":
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else None
+        if writes or (writes is None and isinstance(flags, int) and flags & _WRITE_FLAGS):
+            _RECORDING[-1].see(path)
+    elif event in ("os.mkdir", "os.remove"):
+        _RECORDING[-1].see(args[0])
+    elif event in ("os.rename", "os.replace"):
+        _RECORDING[-1].see(args[1])
+
+
+@dataclass
+class WriteRecorder:
+    """The paths this process writes or creates in ``root`` (or through a symlink there),
+    each with whether it existed before its first write and its identity as written."""
+
+    root: Path
+    existed: dict[Path, bool] = field(default_factory=dict)
+    """Real path: whether it was there before this process first wrote it."""
+    written: dict[Path, tuple[bool, int, int, int] | None] = field(default_factory=dict)
+    """Real path: its identity at the fit's hook after the write (None: not seen since)."""
+
+    def see(self, path: Any) -> None:
+        if isinstance(path, int) or path is None:
+            return  # a file descriptor: opened before, by path
+        try:
+            given = Path(os.path.abspath(os.fsdecode(path)))
+            real = Path(os.path.realpath(given))
+        except (TypeError, ValueError, OSError):
+            return
+        root = Path(os.path.abspath(self.root))
+        inside = root in given.parents or root in real.parents
+        if inside and real not in self.existed:
+            self.existed[real] = os.path.lexists(real)
+        if inside:
+            self.written[real] = None
+
+    def settle(self) -> None:
+        """Note each written path's identity now (a hook of the fit, after its writes)."""
+        for real, identity in self.written.items():
+            if identity is None and real.exists():
+                self.written[real] = _identity(real)
+
+    def ours(self, real: Path) -> bool:
+        """Whether ``real`` is as this process left it (its identity as settled)."""
+        identity = self.written.get(real)
+        if real not in self.written or not real.exists():
+            return False
+        now = _identity(real)
+        if identity is None:
+            return True  # the failure came before any hook after the write
+        if real.name.startswith("events.out.tfevents.") and f".{os.getpid()}." in real.name:
+            return now[1] == identity[1]  # our logger writes on into it: its inode alone
+        return now == identity
+
+    def made(self, path: Path, directory: bool) -> bool:
+        """Whether this process created ``path`` (a file: and left it as it wrote it)."""
+        real = Path(os.path.realpath(path))
+        return not self.existed.get(real, True) and (directory or self.ours(real))
+
+    def changed(self, path: Path) -> bool:
+        """Whether ``path``, there before, was changed or removed by this process alone."""
+        real = Path(os.path.realpath(path))
+        return real in self.written and (not path.exists() or self.ours(real))
+
+    def made_outside(self) -> list[Path]:
+        """Files this process created outside ``root``, through a symlink in it."""
+        root = Path(os.path.abspath(self.root))
+        return [
+            real
+            for real, existed in self.existed.items()
+            if root not in real.parents and not existed and real.is_file() and self.ours(real)
+        ]
+
+    @contextmanager
+    def recording(self) -> Iterator[WriteRecorder]:
+        """Within it (until ``stop``), this process's writes are seen."""
+        if not _HOOKED:
+            sys.addaudithook(_audit)  # there is no removing one: it idles when not asked
+            _HOOKED.append(True)
+        _RECORDING.append(self)
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self in _RECORDING:
+            _RECORDING.remove(self)
 
 
 def _counted(path: Path) -> bool:
@@ -53,6 +162,10 @@ class Restored:
     written_back: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     """Changed or removed, too large to have been kept: left as the failed fit left it."""
+    others: list[str] = field(default_factory=list)
+    """Made or changed by another process meanwhile: left as it is."""
+    failed: list[str] = field(default_factory=list)
+    """What could not be removed or written back, each with the error."""
 
     def summary(self, root: Path) -> str:
         parts = [
@@ -64,6 +177,13 @@ class Restored:
         text = f"lit-spikes: the fit failed before its first step: {root} is as it was{done}"
         if self.left:
             text += f"; not restored (too large to keep): {', '.join(self.left)}"
+        if self.others:
+            text += (
+                "; left as another process made or changed it during the fit's start "
+                f"(lit-spikes undoes only its own writes): {', '.join(self.others)}"
+            )
+        if self.failed:
+            text += f"; could not be restored: {'; '.join(self.failed)}"
         return text + ". The same command works again once the error above is fixed"
 
 
@@ -75,6 +195,8 @@ class DirectoryState:
     existed: bool
     entries: dict[str, tuple[bool, int, int, int]] = field(default_factory=dict)
     contents: dict[str, bytes] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+    """What the command deleted on purpose (``keep``): written back whoever wrote it."""
 
     @classmethod
     def of(cls, root: str | Path) -> DirectoryState:
@@ -93,36 +215,45 @@ class DirectoryState:
     def keep(self, path: Path) -> None:
         """Read ``path`` before the command deletes it on purpose, whatever its size."""
         self.contents[str(path.relative_to(self.root))] = path.read_bytes()
+        self.deleted.add(str(path.relative_to(self.root)))
 
-    def restore(self) -> Restored:
-        """Remove what is new, write back what changed or went (when it was kept)."""
+    def restore(self, writes: WriteRecorder | None = None) -> Restored:
+        """Remove what is new, write back what changed or went (when it was kept); with
+        ``writes``, only what this process wrote, as it left it (the rest: ``others``)."""
         done = Restored()
         now = DirectoryState.of(self.root).entries
         for name in sorted(set(now) - set(self.entries), reverse=True):  # files before dirs
             path = self.root / name
-            if now[name][0]:
+            if writes is not None and not writes.made(path, directory=now[name][0]):
+                done.others.append(name)
+            elif now[name][0]:
                 if not any(path.iterdir()):
-                    path.rmdir()
-                    done.removed.append(f"{name}/")
+                    _attempt(done, name, path.rmdir, done.removed, f"{name}/")
+                elif writes is not None:
+                    done.others.append(f"{name}/")
             else:
-                path.unlink()
-                done.removed.append(name)
+                _attempt(done, name, path.unlink, done.removed, name)
         for name, identity in self.entries.items():
             if identity[0] or now.get(name) == identity:
+                continue
+            path = self.root / name
+            if writes is not None and name not in self.deleted and not writes.changed(path):
+                done.others.append(name)
                 continue
             if name not in self.contents:
                 done.left.append(name)
                 continue
-            path = self.root / name
             if path.is_file() and path.read_bytes() == self.contents[name]:
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(self.contents[name])
-            done.written_back.append(name)
+            data = self.contents[name]
+            _attempt(done, name, lambda p=path, d=data: _write(p, d), done.written_back, name)
+        for real in writes.made_outside() if writes is not None else []:
+            _attempt(done, str(real), real.unlink, done.removed, str(real))
         done.removed.reverse()
+        done.others.reverse()
         return done
 
-    def restore_under_lock(self) -> str:
+    def restore_under_lock(self, writes: WriteRecorder | None = None) -> str:
         """``restore`` holding the run's lock (a requeue started meanwhile keeps its files);
         the line that says what it did."""
         lock = RunDirectoryLock(self.root)
@@ -131,12 +262,28 @@ class DirectoryState:
         except (RunDirectoryBusy, OSError) as error:
             return f"lit-spikes: {self.root} was not restored after the failed fit: {error}"
         try:
-            line = self.restore().summary(self.root)
+            line = self.restore(writes).summary(self.root)
         finally:
             lock.release()
         if not self.existed and not any(self.root.iterdir()):
             self.root.rmdir()  # the command made it (its lock's file went last)
         return line
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _attempt(done: Restored, name: str, action: Any, into: list[str], said: str) -> None:
+    """``action()``; where it fails (a file made read-only, a folder gone), the error is
+    named in ``done.failed``, and the restore goes on."""
+    try:
+        action()
+    except OSError as error:
+        done.failed.append(f"{name}: {error.strerror or error}")
+    else:
+        into.append(said)
 
 
 class FitStart(Callback):
@@ -146,14 +293,28 @@ class FitStart(Callback):
     def __init__(self) -> None:
         super().__init__()
         self.passed = False
+        self.writes: WriteRecorder | None = None
+        """What this process writes in the run directory until the fit passes its start."""
+
+    def _pass(self) -> None:
+        self.passed = True
+        if self.writes is not None:
+            self.writes.stop()  # nothing to undo from here on: the audit hook idles
+
+    def _settle(self, *args: Any, **kwargs: Any) -> None:
+        if self.writes is not None and not self.passed:
+            self.writes.settle()
+
+    setup = on_fit_start = on_sanity_check_end = on_train_start = _settle
+    on_train_epoch_start = on_train_batch_start = _settle
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.passed = True
+        self._pass()
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.passed = True
+        self._pass()
 
 
 def fit_or_restore(
@@ -162,12 +323,36 @@ def fit_or_restore(
     """``trainer.fit(**kwargs)``; where it raises before ``start`` (one of ``trainer``'s
     callbacks) passed, the run directory goes back to ``state`` and the exception says so
     in a note."""
+    start.writes = WriteRecorder(state.root) if state is not None else None
     try:
-        trainer.fit(**kwargs)
+        if start.writes is None:
+            trainer.fit(**kwargs)
+        else:
+            with start.writes.recording():
+                trainer.fit(**kwargs)
     except Exception as error:
-        if state is not None and not start.passed and os.path.isdir(state.root):
-            error.add_note(state.restore_under_lock())
+        if state is None or start.passed or not os.path.isdir(state.root):
+            raise
+        line = state.restore_under_lock(start.writes)
+        if isinstance(error, OSError) and _inside(error.filename, state.root):
+            # A run file that cannot be written (config.yaml read-only, a full disk): no
+            # bug to debug, one line with the file and the way on, as a checkpoint's
+            raise CheckpointWriteError(
+                Path(error.filename),
+                error,
+                f"cannot write {error.filename}: {error.strerror or error}: make it writable "
+                "for this user (or free space), or give another --trainer.default_root_dir. "
+                + line.removeprefix("lit-spikes: "),
+            ) from None
+        error.add_note(line)
         raise
+
+
+def _inside(filename: Any, root: Path) -> bool:
+    if not isinstance(filename, str | os.PathLike):
+        return False
+    path = Path(os.path.abspath(filename))
+    return Path(os.path.abspath(root)) in path.parents
 
 
 def start_anew(root: Path, state: DirectoryState | None) -> None:

@@ -6,6 +6,8 @@ a module with a bug, a missing file or a refused setting does at fit start
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -15,6 +17,19 @@ from tests.modules.fit_modules import DropoutNet, StepData
 
 FAIL_AT = "LIT_SPIKES_TEST_FAIL_AT"
 """``<hook>`` or ``<hook>:<global step>`` (the hook raises at that step only)."""
+OTHERS_WRITE = "LIT_SPIKES_TEST_OTHERS_WRITE"
+"""Set: before the module's ``setup`` fails, another process writes in the run directory
+(a note, a TensorBoard folder of its own, an append to ``notes.md``), as a user's notebook
+or a second tool may while a requeue starts."""
+ANOTHER_PROCESS = """
+import pathlib, sys
+root = pathlib.Path(sys.argv[1])
+(root / "note.txt").write_text("written by another process")
+(root / "tb" / "other").mkdir(parents=True)
+(root / "tb" / "other" / "events.out.tfevents.1.other.1.0").write_bytes(b"theirs")
+with open(root / "notes.md", "a") as notes:
+    notes.write("appended by another process\\n")
+"""
 
 
 def fail_at(hook: str, step: int | None = None) -> None:
@@ -25,6 +40,9 @@ def fail_at(hook: str, step: int | None = None) -> None:
 
 class FailingNet(DropoutNet):
     def setup(self, stage: str) -> None:
+        if os.environ.get(OTHERS_WRITE):
+            root = str(self.trainer.default_root_dir)
+            subprocess.run([sys.executable, "-c", ANOTHER_PROCESS, root], check=True)
         fail_at("setup")
 
     def configure_optimizers(self) -> Any:

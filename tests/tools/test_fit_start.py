@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_spikes.tools import fit_start
 from lit_spikes.tools.cli import main
 from lit_spikes.tools.fit_start import DirectoryState
 from tests.conftest import REPO, TINY_CLI
-from tests.modules.failing_modules import FAIL_AT
+from tests.modules.failing_modules import FAIL_AT, OTHERS_WRITE
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 RUN = [
@@ -189,3 +190,63 @@ def test_the_directory_state_writes_back_removes_and_names_what_it_cannot(
         root / "gone.txt"
     ).read_text() == "kept"
     assert "not restored (too large to keep): sub/big.bin" in done.summary(root)
+
+
+def test_a_failed_start_leaves_what_another_process_wrote_meanwhile(
+    stopped_at_10: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "run"
+    shutil.copytree(stopped_at_10, root)
+    (root / "notes.md").write_text("the user's notes\n")
+    before = snapshot(root)
+    monkeypatch.setenv(OTHERS_WRITE, "1")
+    note = failed_fit(root, "--ckpt_path", "last", fail_at="setup")
+    after = snapshot(root)
+    assert after is not None and before is not None
+    theirs = {"note.txt", "tb", "tb/other", "tb/other/events.out.tfevents.1.other.1.0"}
+    assert set(after) - set(before) == theirs  # this process's own new events file went
+    assert after["notes.md"] == b"the user's notes\nappended by another process\n"
+    assert {k: v for k, v in after.items() if k not in theirs | {"notes.md"}} == {
+        k: v for k, v in before.items() if k != "notes.md"
+    }
+    left = note.partition("left as another process made or changed it")[2]
+    for name in ("note.txt", "tb/other/events.out.tfevents.1.other.1.0", "notes.md"):
+        assert name in left, note
+
+
+def test_a_write_through_a_symlink_out_of_the_run_is_undone_too(
+    stopped_at_10: Path, tmp_path: Path
+) -> None:
+    root, outside = tmp_path / "run", tmp_path / "elsewhere" / "hparams.yaml"
+    shutil.copytree(stopped_at_10, root)
+    outside.parent.mkdir()
+    (root / "hparams.yaml").unlink()
+    (root / "hparams.yaml").symlink_to(outside)  # dangling: Lightning writes through it
+    note = failed_fit(root, "--ckpt_path", "last", fail_at="training_step:10")
+    assert not outside.exists() and (root / "hparams.yaml").is_symlink()
+    assert f"removed: {outside}" in note or str(outside) in note.partition("removed:")[2]
+
+
+def test_a_run_file_that_cannot_be_written_is_one_line_and_exit_74(
+    stopped_at_10: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = tmp_path / "run"
+    shutil.copytree(stopped_at_10, root)
+    before = snapshot(root)
+    record = root / "config.yaml"
+
+    def refused(self: SaveConfigCallback, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(record))  # a read-only record
+
+    monkeypatch.setattr(SaveConfigCallback, "save_config", refused)
+    with pytest.raises(SystemExit) as exit_info:
+        fit(root, "--ckpt_path", "last")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 74 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"lit-spikes: error: cannot write {record}: Permission denied: ")
+    assert "another --trainer.default_root_dir" in line and f"{root} is as it was" in line
+    assert snapshot(root) == before

@@ -24,7 +24,8 @@ from lit_spikes.tools.import_guard import first_refusal, named_by_user, refusal
 from lit_spikes.tools.run_record import RecordError, record_path
 from tests.conftest import REPO
 
-NET, DATA = (f"tests.modules.fit_modules.{n}" for n in ("DropoutNet", "StepData"))
+NET = "tests.modules.fit_modules.DropoutNet"
+DATA = "tests.modules.fit_modules.StepData"
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 ZEN = "Beautiful is better than ugly"
@@ -207,3 +208,18 @@ def test_a_file_outside_a_run_resumes_without_its_grandparents_record(
           "--trainer.max_steps", "6", "--checkpoint_every", "3", *QUIET,
           "--trainer.default_root_dir", str(out)])  # fmt: skip
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step=6.ckpt"]
+
+
+def test_a_handed_over_recover_ledger_names_no_module_that_runs(
+    working_directory_on_the_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, sentinel = working_directory_on_the_path, working_directory_on_the_path / "SENTINEL"
+    plant(root, "evil", sentinel)
+    ledger = {"version": 2, "config": {"model": {"class_path": "evil.Model"}}}
+    (root / "ledger.json").write_text(json.dumps(ledger))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["recover", "--log_root", str(root), "--model", NET, "--data", DATA,
+              "--max_steps", "8", "--val_every", "null"])  # fmt: skip
+    assert exit_info.value.code == 2 and not sentinel.exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{root / 'ledger.json'} names 'evil.Model', whose module 'evil'" in last
