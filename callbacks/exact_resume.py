@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning
@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lit_spikes.callbacks.common import step_validates
+from lit_spikes.callbacks.isolated_validation import isolate_validations
 from lit_spikes.callbacks.loader_positions import position_warnings, train_loaders
 from lit_spikes.callbacks.step_end import (
     AfterFileWatch,
@@ -260,6 +261,7 @@ class ExactResume(Callback):
         self._replay: Unfinished | None = None
         self._metrics: dict[str, Any] = {}
         self._unsaid = False
+        self._unisolate: Callable[[], None] = lambda: None
 
     @property
     @override
@@ -282,6 +284,8 @@ class ExactResume(Callback):
         # callback's: a load pre-hook is where shapes and dtypes can be seen first.
         hook = pl_module.register_load_state_dict_pre_hook  # untyped in torch's stubs
         self._hook = hook(self._before_weights_load)  # type: ignore[no-untyped-call]
+        if stage == "fit":  # a validation's draws stay its own: a plain loader's next read
+            self._unisolate = isolate_validations(trainer)
 
     def _before_weights_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
@@ -546,4 +550,6 @@ class ExactResume(Callback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._unisolate()
+        self._unisolate = lambda: None
         self._trainer = None

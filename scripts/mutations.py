@@ -422,6 +422,17 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "validation_draws_reach_the_next_read",  # issue 62, case 1: a plain loader's read
+        "callbacks/isolated_validation.py",
+        "        with kept_rng_states():\n",
+        "        if True:\n",
+        (
+            "tests/library/test_invariance.py::test_a_validation_does_not_change_a_plain_dataloader_that_augments",
+            INVARIANCE
+            + "test_a_monitor_checkpoint_does_not_change_a_plain_dataloader_that_augments",
+        ),
+    ),
+    Mutation(
         "full_disk_in_torchs_writer_unnamed",  # issue 61: a full disk is one line, exit 74
         "lit_spikes/checkpoints.py",
         "        if written is not None and written.error is not None:\n",

@@ -61,6 +61,49 @@ def test_watching_a_run_on_a_plain_dataloader_does_not_change_it(tmp_path: Path,
     assert differences(alone, fit_drawing(tmp_path / "watched", PLAIN_WATCHES[name])) == [], name
 
 
+AUGMENTED_WATCHES = {
+    "validation every 3 steps": Watch(val_every=3, plain_augmented=True),
+    "validation every 4 steps, a file every 3": Watch(every=3, val_every=4, plain_augmented=True),
+}
+"""On a plain DataLoader whose dataset augments in this process (issue 62, case 1)."""
+
+
+@pytest.fixture(scope="module")
+def alone_augmented(tmp_path_factory: pytest.TempPathFactory) -> Ended:
+    """The run nothing watches, on a plain DataLoader whose dataset augments."""
+    return fit_drawing(tmp_path_factory.mktemp("alone-augmented"), Watch(plain_augmented=True))
+
+
+@pytest.mark.parametrize("name", sorted(AUGMENTED_WATCHES))
+def test_a_validation_does_not_change_a_plain_dataloader_that_augments(
+    alone_augmented: Ended, tmp_path: Path, name: str
+) -> None:
+    """Lightning fetches step k's batch before ``on_train_batch_start``, from the state the
+    step before left: its validation's draws reached the augmentation (12 of 16 tensors
+    differed by up to 2.4e-2). ExactResume keeps a validation's draws to itself."""
+    watched = fit_drawing(tmp_path, AUGMENTED_WATCHES[name])
+    assert differences(alone_augmented, watched) == [], name
+
+
+def test_a_monitor_checkpoint_does_not_change_a_plain_dataloader_that_augments(
+    alone_augmented: Ended, tmp_path: Path
+) -> None:
+    """ModelCheckpoint on val_loss, validated every 2 steps, the files every 3: a run that
+    keeps its best file is the run nothing watched."""
+    watched = fit_drawing(tmp_path, Watch(every=3, val_every=2, monitor=True, plain_augmented=True))
+    assert differences(alone_augmented, watched) == []
+
+
+def test_without_the_isolation_a_validation_changes_a_plain_dataloader_that_augments(
+    alone_augmented: Ended, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: the validation loop not wrapped, its draws reach the next
+    step's augmentation."""
+    monkeypatch.setattr(exact_resume, "isolate_validations", lambda trainer: lambda: None)
+    watched = fit_drawing(tmp_path, Watch(val_every=3, plain_augmented=True))
+    assert differences(alone_augmented, watched) != []
+
+
 @pytest.mark.parametrize(("watch", "file"), [
     (Watch(every=3, val_every=2), "step=6.ckpt"),  # a file of a validating step
     (Watch(every=3, val_every=2), "step=9.ckpt"),

@@ -160,6 +160,10 @@ class Watch:
     plain: bool = False
     """A plain ``DataLoader`` of the rows without augmentation instead of the StepLoader:
     the step's draws are then keyed by ExactResume alone."""
+    plain_augmented: bool = False
+    """A plain ``DataLoader`` of the rows augmented in ``__getitem__`` (torch, NumPy and
+    Python's ``random``), read in this process: Lightning fetches a step's batch before
+    its ``on_train_batch_start``, from the RNG state the previous step's end left."""
     sigterm_at: int | None = None
     """A SIGTERM in this step: the run stops there, PreemptionCheckpoint's file in
     ``preempted/``."""
@@ -218,6 +222,8 @@ def fit_drawing(
     if watch.plain:
         rows = NoisyRows()
         train = DataLoader(TensorDataset(rows.x, rows.x @ rows.w), batch_size=8)
+    if watch.plain_augmented:
+        train = DataLoader(NoisyRows(augment=augment), batch_size=8)
     val = DataLoader(NoisyRows(16, seed=2, augment=augment), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
     optimizer = trainer.optimizers[0].state_dict()["state"]

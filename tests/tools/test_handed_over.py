@@ -71,6 +71,19 @@ def lit_spikes(*args: str, cwd: Path, script: bool = False) -> subprocess.Comple
                           env=env, timeout=300, check=False)  # fmt: skip
 
 
+def in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cwd: Path, *args: str
+) -> tuple[object, str]:
+    """The CLI in this process as ``python -m`` runs it from ``cwd`` (first on sys.path):
+    its exit status and its stderr."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(cwd))
+    quiet = QUIET if args[0] in ("fit", "validate") else []
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, *quiet])
+    return exit_info.value.code, capsys.readouterr().err
+
+
 COMMANDS = {
     "fit": ["fit", "--ckpt_path", "checkpoints/step=3.ckpt"],
     "validate": ["validate", "--ckpt_path", "checkpoints/step=3.ckpt"],
@@ -80,14 +93,22 @@ COMMANDS = {
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_module_beside_a_handed_over_record_is_refused_and_never_runs(
-    their_run: Path, tmp_path: Path, command: str
+    their_run: Path,
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     run, sentinel = handed_over(their_run, tmp_path, "evil.Model")
     before = sorted(p.name for p in run.rglob("*"))
-    done = lit_spikes(*COMMANDS[command], cwd=run)  # from inside it: evil.py is importable
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert not sentinel.exists()
-    last = done.stderr.strip().splitlines()[-1]
+    if command == "fit":  # from inside it, in a new process: evil.py is importable
+        done = lit_spikes(*COMMANDS[command], cwd=run)
+        code, err = done.returncode, done.stderr
+    else:
+        code, err = in_process(monkeypatch, capsys, run, *COMMANDS[command])
+    assert code == 2, err[-3000:]
+    assert not sentinel.exists() and "evil" not in sys.modules
+    last = err.strip().splitlines()[-1]
     assert f"{run / 'config.yaml'}: entry model names 'evil.Model'" in last
     assert f"{run / 'evil.py'}, inside the run directory" in last
     assert "give --model evil.Model yourself" in last
@@ -106,7 +127,11 @@ def test_the_module_named_on_the_command_line_is_the_users_choice(
 
 @pytest.mark.parametrize("place", ["model", "callback"])
 def test_a_standard_library_module_in_a_record_is_never_imported(
-    their_run: Path, tmp_path: Path, place: str
+    their_run: Path,
+    tmp_path: Path,
+    place: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(their_run, run)
@@ -117,15 +142,24 @@ def test_a_standard_library_module_in_a_record_is_never_imported(
         record["trainer"]["callbacks"] = [{"class_path": "this.Y"}]
     (run / "config.yaml").write_text(yaml.safe_dump(record))
     ckpt = run / "checkpoints" / "step=3.ckpt"
-    done = lit_spikes("fit", "--ckpt_path", str(ckpt), cwd=tmp_path, script=True)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert ZEN not in done.stdout + done.stderr
-    assert "whose module 'this' would be imported from" in done.stderr
-    assert "in the standard library" in done.stderr
+    if place == "model":  # through the installed script, in a new process
+        done = lit_spikes("fit", "--ckpt_path", str(ckpt), cwd=tmp_path, script=True)
+        code, out = done.returncode, done.stdout + done.stderr
+    else:
+        monkeypatch.delitem(sys.modules, "this", raising=False)
+        code, out = in_process(monkeypatch, capsys, tmp_path, "fit", "--ckpt_path", str(ckpt))
+        assert "this" not in sys.modules
+    assert code == 2, out[-3000:]
+    assert ZEN not in out
+    assert "whose module 'this' would be imported from" in out
+    assert "in the standard library" in out
 
 
 def test_no_record_is_read_from_a_grandparent_that_is_no_run_directory(
-    their_run: Path, tmp_path: Path
+    their_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     shared = tmp_path / "shared"  # a shared temporary folder, writable by anyone
     (shared / "a").mkdir(parents=True)
@@ -137,9 +171,10 @@ def test_no_record_is_read_from_a_grandparent_that_is_no_run_directory(
     plant(shared, "evil", sentinel)
     assert record_path(shared / "a" / "x.ckpt") is None
     assert record_path(their_run / "checkpoints" / "step=3.ckpt") == their_run / "config.yaml"
-    done = lit_spikes("diagnose", "--ckpt_path", "a/x.ckpt", "--spike_step", "5", cwd=shared)
-    assert not sentinel.exists()
-    assert str(shared / "config.yaml") not in done.stderr, done.stderr[-3000:]
+    _, err = in_process(monkeypatch, capsys, shared, "diagnose", "--ckpt_path", "a/x.ckpt",
+                        "--spike_step", "5")  # fmt: skip
+    assert not sentinel.exists() and "evil" not in sys.modules
+    assert str(shared / "config.yaml") not in err, err[-3000:]
 
 
 @pytest.fixture
