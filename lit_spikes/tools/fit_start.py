@@ -183,7 +183,7 @@ class Restored:
                 f"(lit-spikes undoes only its own writes): {', '.join(self.others)}"
             )
         if self.failed:
-            text += f"; could not be restored: {'; '.join(self.failed)}"
+            text += f"; could not be restored (put back by hand): {'; '.join(self.failed)}"
         return text + ". The same command works again once the error above is fixed"
 
 

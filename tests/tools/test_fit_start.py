@@ -250,3 +250,18 @@ def test_a_run_file_that_cannot_be_written_is_one_line_and_exit_74(
     assert line.startswith(f"lit-spikes: error: cannot write {record}: Permission denied: ")
     assert "another --trainer.default_root_dir" in line and f"{root} is as it was" in line
     assert snapshot(root) == before
+
+
+def test_what_cannot_be_restored_is_named_and_the_rest_is_done(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "small.yaml").write_text("a: 1\n")
+    (root / "other.yaml").write_text("b: 1\n")
+    state = DirectoryState.of(root)
+    (root / "small.yaml").unlink()
+    (root / "small.yaml").mkdir()  # a folder where the file was: it cannot be written back
+    (root / "other.yaml").write_text("b: 2\n")
+    done = state.restore()
+    assert done.written_back == ["other.yaml"] and (root / "other.yaml").read_text() == "b: 1\n"
+    assert len(done.failed) == 1 and done.failed[0].startswith("small.yaml: ")
+    assert "could not be restored (put back by hand): small.yaml: " in done.summary(root)
