@@ -413,7 +413,7 @@ MUTATIONS = [
     ),
     Mutation(
         "failed_start_sees_no_write",  # issue 61: a failed start removes only its own
-        "lit_spikes/tools/fit_start.py",
+        "lit_spikes/tools/own_writes.py",
         "            _RECORDING[-1].see(path)\n",
         "            pass\n",
         (

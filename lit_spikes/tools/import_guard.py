@@ -224,15 +224,26 @@ def first_refusal(data: Any, source: Path, plain_keys: Sequence[str] = ()) -> st
                       if isinstance(v, str)]  # fmt: skip
     paths += list(_class_paths(data))
     for path in paths:
-        why = refusal(path, source.parent)
-        if why is not None:
-            return (
-                f"{source} names {path!r}, whose module {why}. lit-spikes imports no code "
-                "that a file you did not name asks for; nothing was run or written. To run "
-                f"it, {how_to_accept('', path)}, or install its package or put its folder "
-                "on PYTHONPATH"
-            )
+        refused = refusal_of(path, source)
+        if refused is not None:
+            return refused
     return None
+
+
+def refusal_of(class_path: str, source: Path, where: str = "") -> str | None:
+    """The whole refusal of ``class_path``, the entry ``where`` of ``source`` (a file the
+    user did not name): what, from which file, where its module lies, and the flag that
+    takes it; None where its module may be imported (``refusal``)."""
+    why = refusal(class_path, source.parent)
+    if why is None:
+        return None
+    entry = f": entry {where}" if where else ""
+    return (
+        f"{source}{entry} names {class_path!r}, whose module {why}. lit-spikes imports no "
+        "code that a file you did not name asks for; nothing was run or written. To run it, "
+        f"{how_to_accept(where, class_path)}, or install its package or put its folder on "
+        "PYTHONPATH"
+    )
 
 
 def _class_paths(value: Any) -> Iterator[str]:

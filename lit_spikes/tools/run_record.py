@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from lit_spikes.tools.factories import import_class
-from lit_spikes.tools.import_guard import how_to_accept, refusal
+from lit_spikes.tools.import_guard import refusal_of
 
 RECORD_NAME = "config.yaml"
 CHECKPOINT_DIRNAME = "checkpoints"
@@ -144,13 +144,8 @@ def _resolved(class_path: Any, where: str, bases: tuple[type, ...], path: Path) 
     """The class ``class_path`` names (imported, never called), if it is a subclass of one
     of ``bases``; its module is located first, and not imported where the user did not
     put it (``import_guard``)."""
-    if isinstance(class_path, str) and (why := refusal(class_path, path.parent)) is not None:
-        raise RecordError(
-            f"{path}: entry {where} names {class_path!r}, whose module {why}. lit-spikes "
-            "imports no code that a file you did not name asks for; nothing was run or "
-            f"written. To run it, {how_to_accept(where, class_path)}, or install its "
-            "package or put its folder on PYTHONPATH"
-        )
+    if isinstance(class_path, str) and (refused := refusal_of(class_path, path, where)):
+        raise RecordError(refused)
     try:
         if not isinstance(class_path, str):
             raise ValueError("it is no class path (package.module.Class)")

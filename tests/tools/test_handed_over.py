@@ -21,7 +21,8 @@ import yaml
 from lit_spikes.tools.cli import main
 from lit_spikes.tools.diagnose.run import _ledger_steps
 from lit_spikes.tools.import_guard import first_refusal, named_by_user, refusal
-from lit_spikes.tools.run_record import RecordError, record_path
+from lit_spikes.tools.recover.ledger import LedgerUnreadable
+from lit_spikes.tools.run_record import record_path
 from tests.conftest import REPO
 
 NET = "tests.modules.fit_modules.DropoutNet"
@@ -202,7 +203,9 @@ def test_a_ledger_above_a_branch_names_no_module_that_runs(
     ckpt.write_bytes(b"")
     ledger = {"config": {"model": {"class_path": "evil.Model"}, "max_steps": 9}}
     (root / "ledger.json").write_text(json.dumps(ledger))
-    with pytest.raises(RecordError, match=r"ledger.json names 'evil.Model', whose module 'evil'"):
+    with pytest.raises(
+        LedgerUnreadable, match=r"ledger.json names 'evil.Model', whose module 'evil'"
+    ):
         _ledger_steps(ckpt)
     assert not sentinel.exists()
     assert _ledger_steps(root / "elsewhere" / "step=3.ckpt") is None  # no branch's layout

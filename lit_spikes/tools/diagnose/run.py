@@ -32,8 +32,7 @@ from lit_spikes.tools.diagnose.subject import (
     subject_of,
 )
 from lit_spikes.tools.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
-from lit_spikes.tools.import_guard import first_refusal
-from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME, RecordError
+from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME
 
 
 def diagnose(
@@ -137,11 +136,11 @@ def _ledger_steps(ckpt_path: Path) -> int | None:
     branch's name of one or two folders); None where none is found.
 
     Raises:
-        RecordError: the ledger names a class whose code lit-spikes does not import
+        LedgerUnreadable: the ledger names a class whose code lit-spikes does not import
             (``import_guard``): a file the user did not name.
     """
     from lit_spikes.tools.recover.config import RecoverConfig  # the ledger's own reading
-    from lit_spikes.tools.recover.ledger import LEDGER_NAME
+    from lit_spikes.tools.recover.ledger import LEDGER_NAME, refuse_foreign_classes
 
     resolved = ckpt_path.resolve()
     if resolved.parent.name != CHECKPOINT_DIRNAME:
@@ -151,8 +150,7 @@ def _ledger_steps(ckpt_path: Path) -> int | None:
             saved = json.loads((root / LEDGER_NAME).read_text())["config"]
         except (OSError, ValueError, TypeError, KeyError):
             continue
-        if (why := first_refusal(saved, root / LEDGER_NAME, ("model", "data"))) is not None:
-            raise RecordError(why)
+        refuse_foreign_classes(saved, root / LEDGER_NAME)
         try:
             return RecoverConfig.from_dict({**saved, "log_root": str(root)}).steps
         except (ValueError, TypeError, KeyError):

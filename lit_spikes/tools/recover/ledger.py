@@ -242,6 +242,21 @@ def write_ledger(path: Path, ledger: Ledger) -> None:
     atomic_write_text(path, json.dumps(ledger.to_dict(), indent=1) + "\n")
 
 
+def refuse_foreign_classes(config: Any, path: Path) -> None:
+    """Before a ledger's ``config`` (read from ``path``) is built into a ``RecoverConfig``,
+    which imports its class paths: one whose code lies where the user did not put it (the
+    log root, the working directory, the standard library) is refused.
+
+    Raises:
+        LedgerUnreadable: naming the class path, the file and the flag that takes it.
+    """
+    from lit_spikes.tools.import_guard import first_refusal
+
+    refused = first_refusal(config, path, ("model", "data"))
+    if refused is not None:
+        raise LedgerUnreadable(refused)
+
+
 def read_ledger(log_root: str | Path) -> Ledger:
     """The ledger of a recovery loop run under ``log_root``.
 

@@ -24,7 +24,6 @@ from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
 from lit_spikes.tools.defaults import plain_config
-from lit_spikes.tools.import_guard import first_refusal
 from lit_spikes.tools.recover.branch import (
     Builders,
     branch_run,
@@ -50,8 +49,8 @@ from lit_spikes.tools.recover.ledger import (
     Intervention,
     Ledger,
     LedgerMismatch,
-    LedgerUnreadable,
     read_ledger,
+    refuse_foreign_classes,
     write_ledger,
 )
 from lit_spikes.tools.recover.log_root import clear_log_root, refuse_foreign_files
@@ -192,8 +191,7 @@ class RecoveryLoop:
         saved = dict(self.ledger.config)
         saved.pop("log_root", None)
         # Its class paths are located before from_dict imports any (a handed-over root)
-        if (why := first_refusal(saved, self.path, ("model", "data"))) is not None:
-            raise LedgerUnreadable(why)
+        refuse_foreign_classes(saved, self.path)
         # A ledger of an older lit-spikes lacks newer fields: they hold their defaults.
         # Unknown or refused fields: compared as written, and named below.
         with suppress(ValueError, TypeError):
