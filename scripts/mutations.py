@@ -357,8 +357,8 @@ MUTATIONS = [
     Mutation(
         "failed_fit_start_restores_nothing",  # issue 52: the run directory as it was
         "lit_spikes/tools/fit_start.py",
-        "            error.add_note(state.restore_under_lock())\n",
-        "            pass\n",
+        "        line = state.restore_under_lock(start.writes)\n",
+        '        line = ""\n',
         (
             "tests/tools/test_fit_start.py::test_a_requeue_failing_at_fit_start_leaves_the_run_as_it_was",
         ),
