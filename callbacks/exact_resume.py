@@ -18,7 +18,12 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.common import step_validates
 from lit_spikes.callbacks.isolated_validation import isolate_validations
-from lit_spikes.callbacks.loader_positions import position_warnings, train_loaders
+from lit_spikes.callbacks.loader_positions import (
+    loader_generators,
+    position_warnings,
+    train_loaders,
+)
+from lit_spikes.callbacks.resumed_epoch import rebuild_resumed_epoch
 from lit_spikes.callbacks.step_end import (
     AfterFileWatch,
     PlateauCatchUp,
@@ -218,8 +223,13 @@ class ExactResume(Callback):
       epoch's last batch the epoch-interval one (the epoch's ``on_train_epoch_end`` hooks
       are not replayed: a warning names them); makes up the epoch plateau update Lightning
       skips at the end of a resumed fit's first epoch;
-    - warns, at a resume, of a train loader it cannot position (not a ``StepLoader`` and no
-      ``state_dict``, resumed mid-epoch, or shuffling at an epoch's start);
+    - at a resume at an epoch's start, builds the plain train loaders' iterators anew after
+      the epoch's keying, as the run built them (their workers' seeds, a shuffle's order),
+      and keys a loader's own ``generator`` at each epoch's start; ends the epoch of a
+      file of its end without a batch more (Lightning's restart trained one) and keeps
+      Lightning's epoch counts the run's (``resumed_epoch``); warns, at a resume, of
+      a train loader it cannot position (not a ``StepLoader`` and no ``state_dict``,
+      resumed mid-epoch) and of workers kept across epochs (``persistent_workers``);
     - refuses a second fit on a Trainer that trained, without ``ckpt_path`` (Lightning
       would go on from its step with a new optimizer and LR schedule).
 
@@ -262,6 +272,9 @@ class ExactResume(Callback):
         self._metrics: dict[str, Any] = {}
         self._unsaid = False
         self._unisolate: Callable[[], None] = lambda: None
+        self._unrebuild: Callable[[], None] = lambda: None
+        self._epoch_started = False
+        self._loader_seeds: dict[int, tuple[torch.Generator, int]] = {}
 
     @property
     @override
@@ -274,7 +287,7 @@ class ExactResume(Callback):
         self._loaded = False  # nothing of an earlier fit carries over
         self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
-        self._unsaid = False
+        self._unsaid, self._epoch_started, self._loader_seeds = False, False, {}
         self._catch_up = PlateauCatchUp()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
@@ -286,6 +299,8 @@ class ExactResume(Callback):
         self._hook = hook(self._before_weights_load)  # type: ignore[no-untyped-call]
         if stage == "fit":  # a validation's draws stay its own: a plain loader's next read
             self._unisolate = isolate_validations(trainer)
+            # a resume at an epoch's start builds the plain loaders' iterators where the run did
+            self._unrebuild = rebuild_resumed_epoch(trainer, self._start_resumed_epoch)
 
     def _before_weights_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
@@ -487,9 +502,27 @@ class ExactResume(Callback):
         self._step_end.closed(trainer)  # the last epoch's end ran
         self._catch_up.make_up(trainer)
         self._seek(trainer)  # a loader built anew for the epoch (reload_dataloaders_every_n)
-        # A shuffling DataLoader draws its epoch's order from torch's RNG right after this
-        # hook (from the second epoch on): keyed by the epoch, not by what ran before.
-        self._seed_for(EPOCH, trainer.current_epoch)
+        # A DataLoader draws its workers' seeds and a shuffle's order from torch's RNG (or
+        # its own generator) right after this hook (from the second epoch on): keyed by
+        # the epoch, not by what ran before.
+        self._epoch_started = True
+        self._seed_epoch(trainer, trainer.current_epoch)
+
+    def _start_resumed_epoch(self, epoch: int) -> None:
+        """A resume at an epoch's start, before its iterators are built anew: the epoch's
+        keying, where Lightning's restart called no ``on_train_epoch_start``."""
+        if not self._epoch_started and self._trainer is not None:
+            self._seed_epoch(self._trainer, epoch)
+
+    def _seed_epoch(self, trainer: pl.Trainer, epoch: int) -> None:
+        """The process's RNGs, the module's generators and the plain train loaders' own
+        generators keyed by the epoch; a loader's from the seed it had when first seen."""
+        self._seed_for(EPOCH, epoch)
+        for generator in loader_generators(train_loaders(trainer)):
+            _, seed = self._loader_seeds.setdefault(
+                id(generator), (generator, generator.initial_seed())
+            )
+            generator.manual_seed(derive(seed, EPOCH, epoch, trainer.global_rank))
 
     @override
     def on_train_batch_start(
@@ -551,5 +584,7 @@ class ExactResume(Callback):
             self._hook.remove()
             self._hook = None
         self._unisolate()
-        self._unisolate = lambda: None
+        self._unrebuild()
+        self._unisolate = self._unrebuild = lambda: None
+        self._loader_seeds = {}
         self._trainer = None

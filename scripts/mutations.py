@@ -44,6 +44,7 @@ BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
+RESUMED_EPOCH = "tests/library/test_resumed_epoch.py::"
 CHECKPOINTS = "tests/library/test_checkpoints.py::"
 RETENTION = "tests/library/callbacks/test_retention.py::"
 EVERY_FILE = "tests/library/test_every_file.py::"
@@ -430,6 +431,68 @@ MUTATIONS = [
             "tests/library/test_invariance.py::test_a_validation_does_not_change_a_plain_dataloader_that_augments",
             INVARIANCE
             + "test_a_monitor_checkpoint_does_not_change_a_plain_dataloader_that_augments",
+        ),
+    ),
+    Mutation(
+        "resumed_epoch_read_where_lightning_built_it",  # issue 62, case 2
+        "callbacks/resumed_epoch.py",
+        "            iter(data_fetcher)  # what the run's epoch_loop.on_run_start did here\n",
+        "            pass\n",
+        (
+            RESUMED_EPOCH + "test_a_resume_at_an_epochs_start_is_the_run",
+            EXACT + "test_a_shuffled_loader_at_an_epoch_end_resumes_exactly",
+        ),
+    ),
+    Mutation(
+        "restart_fast_forward_draws_reach_the_epoch",  # issue 62, case 2: a file before
+        "callbacks/isolated_validation.py",  # its step's validation
+        'WRAPPED = ("run", "increment_progress_to_evaluation_end")\n',
+        'WRAPPED = ("run",)\n',
+        (
+            RESUMED_EPOCH
+            + "test_a_file_before_an_epoch_end_validation_resumes_the_run_nothing_watched",
+            RESUMED_EPOCH
+            + "test_a_file_of_a_step_validating_mid_epoch_resumes_at_the_next_epoch_as_the_run",
+        ),
+    ),
+    Mutation(
+        "loader_generator_unkeyed",  # issue 62, case 2: a DataLoader's own generator
+        "callbacks/exact_resume.py",
+        "            generator.manual_seed(derive(seed, EPOCH, epoch, trainer.global_rank))\n",
+        "            pass\n",
+        (
+            RESUMED_EPOCH + "test_a_resume_at_an_epochs_start_is_the_run",
+            EXACT + "test_a_shuffled_loader_at_an_epoch_end_resumes_exactly",
+        ),
+    ),
+    Mutation(
+        "files_epoch_trains_a_batch_more",  # issue 62, case 2: Lightning issue 19403
+        "callbacks/resumed_epoch.py",
+        "    data_fetcher.done = True  # its next fetch ends the epoch\n",
+        "    pass\n",
+        (
+            RESUMED_EPOCH + "test_a_file_of_an_epochs_end_resumes_the_run",
+            RESUMED_EPOCH + "test_a_resumed_runs_file_resumes_the_run_again",
+        ),
+    ),
+    Mutation(
+        "files_epoch_processed_twice",  # issue 62, case 2: a max_epochs run ended early
+        "callbacks/resumed_epoch.py",
+        "    if total.processed > total.completed:\n",
+        "    if False:\n",
+        (
+            RESUMED_EPOCH + "test_a_file_of_an_epochs_end_resumes_the_run",
+            RESUMED_EPOCH + "test_the_resumed_runs_files_hold_the_runs_epoch_counts",
+        ),
+    ),
+    Mutation(
+        "resumed_epoch_never_started",  # issue 62, case 2: the next file's epoch counts
+        "callbacks/resumed_epoch.py",
+        "        progress.increment_started()\n",
+        "        pass\n",
+        (
+            RESUMED_EPOCH + "test_the_resumed_runs_files_hold_the_runs_epoch_counts",
+            RESUMED_EPOCH + "test_a_resumed_runs_file_resumes_the_run_again",
         ),
     ),
     Mutation(

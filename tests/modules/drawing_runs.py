@@ -155,8 +155,13 @@ class Watch:
     """A ModelCheckpoint keeping the best val_loss (needs ``val_every``)."""
     final: bool = False
     """A FinalCheckpoint."""
+    epoch_files: bool = False
+    """A ModelCheckpoint at each epoch's end, every one kept (its files in ``every/``): in
+    ``on_train_epoch_end``, or at the validation's end where one runs."""
+    max_epochs: int | None = None
+    """``Trainer(max_epochs=...)`` beside ``max_steps`` (None: Lightning's default)."""
     workers: int = 0
-    """The StepLoader's workers."""
+    """The train loader's workers (the StepLoader's, or a plain augmenting one's)."""
     plain: bool = False
     """A plain ``DataLoader`` of the rows without augmentation instead of the StepLoader:
     the step's draws are then keyed by ExactResume alone."""
@@ -164,6 +169,13 @@ class Watch:
     """A plain ``DataLoader`` of the rows augmented in ``__getitem__`` (torch, NumPy and
     Python's ``random``), read in this process: Lightning fetches a step's batch before
     its ``on_train_batch_start``, from the RNG state the previous step's end left."""
+    shuffle: bool = False
+    """The plain augmenting loader shuffles (``DataLoader(shuffle=True)``)."""
+    persistent: bool = False
+    """The plain augmenting loader keeps its workers across epochs."""
+    loader_generator: bool = False
+    """The plain augmenting loader draws from a ``torch.Generator`` of its own (the
+    workers' base seed, a shuffle's order), seeded by the user."""
     sigterm_at: int | None = None
     """A SIGTERM in this step: the run stops there, PreemptionCheckpoint's file in
     ``preempted/``."""
@@ -197,6 +209,13 @@ def fit_drawing(
                 root / "every", "{step}", every_n_train_steps=watch.every, save_top_k=-1
             )
         )
+    if watch.epoch_files:
+        at_end = (
+            None if watch.val_every else True
+        )  # Lightning's choice under check_val_every_n_epoch=1
+        callbacks.append(
+            ModelCheckpoint(root / "every", "{step}", save_top_k=-1, save_on_train_epoch_end=at_end)
+        )
     if watch.monitor:
         callbacks.append(ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss"))
     if watch.final:
@@ -205,6 +224,7 @@ def fit_drawing(
         callbacks += [SignalAt(watch.sigterm_at), PreemptionCheckpoint(root / "preempted")]
     trainer = pl.Trainer(
         max_steps=steps,
+        max_epochs=watch.max_epochs,
         val_check_interval=watch.val_every,
         check_val_every_n_epoch=None,
         limit_val_batches=None if watch.val_every else 0,
@@ -223,7 +243,14 @@ def fit_drawing(
         rows = NoisyRows()
         train = DataLoader(TensorDataset(rows.x, rows.x @ rows.w), batch_size=8)
     if watch.plain_augmented:
-        train = DataLoader(NoisyRows(augment=augment), batch_size=8)
+        train = DataLoader(
+            NoisyRows(augment=augment),
+            batch_size=8,
+            shuffle=watch.shuffle,
+            num_workers=watch.workers,
+            persistent_workers=watch.persistent,
+            generator=torch.Generator().manual_seed(4) if watch.loader_generator else None,
+        )
     val = DataLoader(NoisyRows(16, seed=2, augment=augment), batch_size=8)
     trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt)
     optimizer = trainer.optimizers[0].state_dict()["state"]
