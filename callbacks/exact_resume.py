@@ -23,6 +23,7 @@ from lit_spikes.callbacks.loader_positions import (
     position_warnings,
     train_loaders,
 )
+from lit_spikes.callbacks.module_generators import ModuleGenerators
 from lit_spikes.callbacks.resumed_epoch import rebuild_resumed_epoch
 from lit_spikes.callbacks.step_end import (
     AfterFileWatch,
@@ -39,8 +40,8 @@ from lit_spikes.randomness import (
     EPOCH,
     STEP,
     VALIDATION,
+    Generator,
     derive,
-    module_generators,
     seed_all,
 )
 from lit_spikes.stacklevel import outside_lightning
@@ -202,9 +203,11 @@ class ExactResume(Callback):
     state is saved: a file holds each rank's seed, and a resume from it, or a save inside
     a step (Lightning's ``on_exception`` checkpoint), draws the same from the next step's
     start. The seed is ``torch.initial_seed()`` at the first step (what ``seed_everything``
-    or ``torch.manual_seed`` set last), or the checkpoint's. A ``torch.Generator`` the
-    module (or a submodule) holds as an attribute is keyed alike, from its own seed (its
-    ``initial_seed()`` when first seen, saved by its path). It also:
+    or ``torch.manual_seed`` set last), or the checkpoint's. A generator the module holds
+    (a torch or NumPy ``Generator``, a ``RandomState``, a ``random.Random``; an attribute
+    of it or a submodule, in a list, tuple or dict, or on a plain object it holds) is
+    keyed alike, from its own seed when first seen, saved by its path; one made during
+    the fit is said (``module_generators``). It also:
 
     - records a fingerprint (torch and Lightning versions, the CPU's SIMD kernels, CPU
       threads, subnormal flushing, device and GPU, world size, precision, deterministic
@@ -259,9 +262,8 @@ class ExactResume(Callback):
         self.deterministic = deterministic
         self._trainer: pl.Trainer | None = None
         self._seed: int | None = None
-        self._generators: dict[str, torch.Generator] | None = None
-        self._generator_seeds: dict[str, int] = {}
-        self._saved_generator_seeds: dict[str, int] | None = None
+        self._gens = ModuleGenerators()
+        self._first_step_ended = False
         self._restored = False
         self._loaded = False
         self._hook: RemovableHandle | None = None
@@ -285,7 +287,7 @@ class ExactResume(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer, self._seed, self._restored = trainer, None, False
         self._loaded = False  # nothing of an earlier fit carries over
-        self._generators, self._generator_seeds, self._saved_generator_seeds = None, {}, None
+        self._gens, self._first_step_ended = ModuleGenerators(), False
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
         self._unsaid, self._epoch_started, self._loader_seeds = False, False, {}
         self._catch_up = PlateauCatchUp()
@@ -326,30 +328,13 @@ class ExactResume(Callback):
             self._seed = torch.initial_seed()
         return self._seed
 
-    def _module_generators(self) -> dict[str, torch.Generator]:
-        """The module's own ``torch.Generator`` attributes, found once a fit (after its
-        ``on_train_start``), each with the seed its draws derive from: the file's, else
-        its ``initial_seed()`` when first seen."""
+    def _module_generators(self) -> dict[str, Generator]:
+        """The module's generators (``module_generators``), found at the first call of a
+        fit (after its ``on_train_start``)."""
         trainer = self._trainer
-        if (
-            self._generators is None
-            and trainer is not None
-            and trainer.lightning_module is not None
-        ):
-            self._generators = module_generators(trainer.lightning_module)
-            saved = self._saved_generator_seeds
-            for path, generator in self._generators.items():
-                seed = (saved or {}).get(path)
-                self._generator_seeds[path] = generator.initial_seed() if seed is None else seed
-            if saved is not None:
-                for path in sorted(set(saved) ^ set(self._generators)):
-                    where = "the checkpoint's run" if path in saved else "this module"
-                    warnings.warn(
-                        f"ExactResume: only {where} has a torch.Generator '{path}': its draws "
-                        "are not those of the run that wrote the checkpoint",
-                        stacklevel=outside_lightning(),
-                    )
-        return self._generators or {}
+        if trainer is None or trainer.lightning_module is None:
+            return {}
+        return self._gens.of(trainer.lightning_module)
 
     def _seed_for(self, domain: int, *key: int, sanity_check: bool = False) -> None:
         """The process's RNGs and the module's generators set from this key. In the
@@ -362,13 +347,17 @@ class ExactResume(Callback):
             seed_all(derive(seed, domain, *key, rank))
             return
         seed_all(derive(self._run_seed(), domain, *key, rank))
-        for path, generator in self._module_generators().items():
-            generator.manual_seed(derive(self._generator_seeds[path], domain, *key, rank))
+        self._module_generators()
+        self._gens.seed(domain, *key, rank)
 
     @override
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
-        mine = (self._run_seed(), {p: self._generator_seeds[p] for p in self._module_generators()})
+        self._module_generators()
+        if trainer is not None and trainer.lightning_module is not None:  # a file names all
+            where = f"at the checkpoint of global step {trainer.global_step}"
+            self._gens.rescan(trainer.lightning_module, where, first=False)
+        mine = (self._run_seed(), self._gens.state())
         by_rank: list[Any] = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Every rank builds the checkpoint (this runs on each: a collective), rank 0
@@ -420,7 +409,7 @@ class ExactResume(Callback):
         by_rank = state_dict.get("seed_by_rank", [])
         self._seed = by_rank[rank] if rank < len(by_rank) else None
         generators = state_dict.get("generator_seeds_by_rank", [])
-        self._saved_generator_seeds = dict(generators[rank]) if rank < len(generators) else None
+        self._gens.saved = dict(generators[rank]) if rank < len(generators) else None
         if self._seed is None and by_rank:
             warnings.warn(
                 f"ExactResume: the checkpoint holds the seeds of {len(by_rank)} "
@@ -506,6 +495,7 @@ class ExactResume(Callback):
         # its own generator) right after this hook (from the second epoch on): keyed by
         # the epoch, not by what ran before.
         self._epoch_started = True
+        self._gens.rescan(pl_module, f"at epoch {trainer.current_epoch}'s start", first=False)
         self._seed_epoch(trainer, trainer.current_epoch)
 
     def _start_resumed_epoch(self, epoch: int) -> None:
@@ -547,6 +537,10 @@ class ExactResume(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:  # fmt: skip
+        if not self._first_step_ended:  # a generator made in the fit's first step
+            self._first_step_ended = True
+            where = f"at the end of the fit's first batch, global step {trainer.global_step}"
+            self._gens.rescan(pl_module, where, first=True)
         # What runs from here to the next step's start (the module's own hook, a
         # checkpoint, a validation's loader) draws from a stream of this step's key: the
         # same whatever watches the run, and the next step starts from its own anyway.

@@ -12,6 +12,7 @@ docs/how-it-works.md says what this changes for a run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -110,12 +111,106 @@ def kept_rng_states() -> Iterator[None]:
         np.random.set_state(states[2])
 
 
-def module_generators(module: torch.nn.Module) -> dict[str, torch.Generator]:
-    """The ``torch.Generator`` attributes of ``module`` and its submodules, by dotted path
-    (``"gen"``, ``"encoder.noise_gen"``)."""
-    found: dict[str, torch.Generator] = {}
-    for name, sub in module.named_modules():
+Generator = torch.Generator | np.random.Generator | np.random.RandomState | random.Random
+"""What a module may draw from besides the global RNGs: a torch ``Generator``, a NumPy
+``Generator`` (``np.random.default_rng``) or ``RandomState``, a ``random.Random``."""
+KINDS = (torch.Generator, np.random.Generator, np.random.RandomState, random.Random)
+DEPTH = 4
+"""How deep ``module_generators`` looks into containers and plain objects."""
+ITEMS = 64
+"""Containers with more items are not searched (a list of numbers holds no generator,
+and would cost a walk of it at each search)."""
+FOREIGN = ("torch", "lightning", "numpy", "pandas", "builtins", "typing", "collections")
+"""Packages whose objects are not searched (a Trainer, a tensor, a logger hold none of
+the module's generators, and may hold much)."""
+
+
+def module_generators(module: torch.nn.Module) -> dict[str, Generator]:
+    """Every generator (``KINDS``) ``module`` and its submodules hold, by path: as an
+    attribute (``"gen"``, ``"encoder.noise_gen"``), in a list, tuple or dict
+    (``"gens[1]"``, ``"rngs['a']"``), or on a plain object one holds (``"helper.rng"``),
+    up to ``DEPTH`` levels and ``ITEMS`` items a container; each generator once (its
+    first path)."""
+    found: dict[str, Generator] = {}
+    seen: set[int] = set()
+    modules = dict(module.named_modules())
+    for name, sub in modules.items():
         for attr, value in vars(sub).items():
-            if isinstance(value, torch.Generator):
-                found[f"{name}.{attr}" if name else attr] = value
+            if attr in _MODULE_INTERNALS:
+                continue
+            _search(value, f"{name}.{attr}" if name else attr, found, seen, DEPTH)
     return found
+
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+"""What every ``nn.Module`` holds of its own (submodules, parameters, hooks)."""
+
+
+def _search(value: Any, path: str, found: dict[str, Generator], seen: set[int], depth: int) -> None:
+    if id(value) in seen or isinstance(value, torch.nn.Module | torch.Tensor):
+        return  # a submodule is searched under its own name
+    seen.add(id(value))
+    if isinstance(value, KINDS):
+        found[path] = value
+    elif depth == 0 or (isinstance(value, list | tuple | dict) and len(value) > ITEMS):
+        return
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _search(item, f"{path}[{i}]", found, seen, depth - 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _search(item, f"{path}[{key!r}]", found, seen, depth - 1)
+    elif _plain(value):
+        for attr, item in vars(value).items():
+            _search(item, f"{path}.{attr}", found, seen, depth - 1)
+
+
+def _plain(value: Any) -> bool:
+    """An instance of a class of the user's, with attributes to search."""
+    package = type(value).__module__.partition(".")[0]
+    return hasattr(value, "__dict__") and not isinstance(value, type) and package not in FOREIGN
+
+
+def generator_kind(generator: Generator) -> str:
+    """How a message names a generator's type."""
+    if isinstance(generator, torch.Generator):
+        return "torch.Generator"
+    if isinstance(generator, np.random.Generator):
+        return "numpy Generator"
+    if isinstance(generator, np.random.RandomState):
+        return "numpy RandomState"
+    return "random.Random"
+
+
+def seed_generator(generator: Generator, seed64: int) -> None:
+    """Set ``generator`` from a 64-bit seed (a ``RandomState`` takes its high 32 bits)."""
+    if isinstance(generator, torch.Generator):
+        generator.manual_seed(seed64)
+    elif isinstance(generator, random.Random):
+        generator.seed(seed64)
+    elif isinstance(generator, np.random.Generator):
+        bits = generator.bit_generator
+        bits.state = type(bits)(seed64).state
+    else:
+        generator.seed(seed64 >> 32)
+
+
+def generator_state(generator: Generator) -> Any:
+    """``generator``'s state as plain values (what a digest of it compares)."""
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()
+    if isinstance(generator, random.Random):
+        return repr(generator.getstate())
+    if isinstance(generator, np.random.Generator):
+        return repr(generator.bit_generator.state)
+    return repr(generator.get_state(legacy=True))
+
+
+def generator_seed(generator: Generator) -> int:
+    """The seed a generator's keyed draws derive from, as first seen: a torch
+    ``Generator``'s ``initial_seed()``; the others keep none, so a 64-bit digest of their
+    state (the same for the same seed)."""
+    if isinstance(generator, torch.Generator):
+        return generator.initial_seed()
+    text = generator_state(generator).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")

@@ -45,6 +45,7 @@ SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
 RESUMED_EPOCH = "tests/library/test_resumed_epoch.py::"
+GENERATORS = "tests/library/test_module_generators.py::"
 CHECKPOINTS = "tests/library/test_checkpoints.py::"
 RETENTION = "tests/library/callbacks/test_retention.py::"
 EVERY_FILE = "tests/library/test_every_file.py::"
@@ -116,9 +117,8 @@ MUTATIONS = [
     ),
     Mutation(
         "module_generators_not_keyed",
-        "callbacks/exact_resume.py",
-        "            generator.manual_seed(derive(self._generator_seeds[path], domain,"
-        " *key, rank))\n",
+        "callbacks/module_generators.py",
+        "            seed_generator(generator, derive(self.seeds[path], domain, *key))\n",
         "            pass\n",
         (
             INVARIANCE + "test_a_modules_own_generator_is_keyed_by_the_step_too",
@@ -493,6 +493,36 @@ MUTATIONS = [
         (
             RESUMED_EPOCH + "test_the_resumed_runs_files_hold_the_runs_epoch_counts",
             RESUMED_EPOCH + "test_a_resumed_runs_file_resumes_the_run_again",
+        ),
+    ),
+    Mutation(
+        "generators_in_containers_unsearched",  # issue 62, case 3
+        "lit_spikes/randomness.py",
+        "    elif isinstance(value, list | tuple):\n",
+        "    elif False:\n",
+        (
+            GENERATORS + "test_a_generator_held_any_way_is_keyed_by_the_step",
+            CHECK + "test_any_generator_of_the_modules_is_named_with_its_fix",
+        ),
+    ),
+    Mutation(
+        "numpy_generator_unkeyed",  # issue 62, case 3
+        "lit_spikes/randomness.py",
+        "        bits.state = type(bits)(seed64).state\n",
+        "        pass\n",
+        (
+            GENERATORS + "test_a_generator_held_any_way_is_keyed_by_the_step",
+            CHECK + "test_any_generator_of_the_modules_is_named_with_its_fix",
+        ),
+    ),
+    Mutation(
+        "generator_made_in_a_step_unsaid",  # issue 62, case 3
+        "callbacks/module_generators.py",
+        "        for path, generator in new.items():\n",
+        "        for path, generator in {}.items():\n",
+        (
+            GENERATORS + "test_a_generator_made_in_a_step_is_named_with_the_fix",
+            GENERATORS + "test_a_generator_made_later_is_named_where_it_is_found",
         ),
     ),
     Mutation(

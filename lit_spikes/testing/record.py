@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ProgressBar, Timer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from typing_extensions import override
 
-from lit_spikes.randomness import module_generators
+from lit_spikes.randomness import KINDS, generator_kind, generator_state, module_generators
 
 Snapshot = dict[str, dict[str, dict[str, Any]]]
 """component -> owner (what holds the state) -> item -> value (a CPU tensor or a primitive)."""
@@ -124,14 +124,17 @@ def _plain(value: Any) -> Any:
 
 
 def flatten(state: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested state_dict as ``{"a.b[0]": leaf}`` with comparable leaves."""
+    """A nested state_dict as ``{"a.b[0]": leaf}`` with comparable leaves; a generator
+    held in it left out (its stream is compared as an RNG, by its path)."""
+    if isinstance(state, KINDS):
+        return {}
     if isinstance(state, Mapping):
         items: dict[str, Any] = {}
         for key, value in state.items():
             items.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return items
     if isinstance(state, list | tuple) and any(
-        isinstance(v, Mapping | list | tuple | torch.Tensor) for v in state
+        isinstance(v, (Mapping, list, tuple, torch.Tensor, *KINDS)) for v in state
     ):
         items = {}
         for index, value in enumerate(state):
@@ -342,7 +345,8 @@ class Recorder(Callback):
         fields["loop.batch_idx"] = batch_idx
         fields.update(rng_digests())
         for path, generator in module_generators(pl_module).items():  # named, not "output"
-            fields[f"rng.torch.Generator '{path}' of the module"] = digest(generator.get_state())
+            name = f"rng.{generator_kind(generator)} '{path}' of the module"
+            fields[name] = digest(generator_state(generator))
 
     @override
     def on_before_optimizer_step(

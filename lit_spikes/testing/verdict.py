@@ -58,6 +58,15 @@ FIXES = {
     "uninterrupted run's",
 }
 
+GENERATOR_FIX = (
+    "{item} draws otherwise after the resume: add ExactResume (from lit_spikes.callbacks "
+    "import ExactResume), which keys every generator a module holds by the step (a torch "
+    "or NumPy Generator, a RandomState, a random.Random; an attribute, in a list, tuple or "
+    "dict, or on a plain object the module holds); with it, make the generator in "
+    "__init__ or setup, not in a step (one made later draws unkeyed until it is found)"
+)
+"""The fix for a generator of the module's whose stream differs (check-resume names it)."""
+
 NOT_REPRODUCIBLE = (
     "the run is not reproducible even without a resume (the interrupted run's first half "
     "already differs from the uninterrupted run): build everything from the seed inside the "
@@ -186,6 +195,12 @@ def _step_diffs(reference: Record, other: Record, steps: range) -> Iterator[tupl
                 )
 
 
+def _fix(component: str, item: str) -> str:
+    if component == RNG and item.endswith(" of the module"):
+        return GENERATOR_FIX.format(item=f"the module's {item.removesuffix(' of the module')}")
+    return FIXES[component]
+
+
 def compare(
     reference: Record,
     resumed: Record,
@@ -202,7 +217,7 @@ def compare(
 
     def add(step: int, order: int, parts: tuple[Any, ...], when: str, prefix: str = "") -> None:
         component, owner, item, a, b = parts
-        fix = prefix + hints.get(owner, FIXES[component])
+        fix = prefix + hints.get(owner, _fix(component, item))
         divergence = Divergence(step, component, owner, item, a, b, fix, when)
         found.append(((step, COMPONENTS.index(component), order), divergence))
 

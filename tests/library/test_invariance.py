@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lit_spikes.callbacks.exact_resume as exact_resume
+import lit_spikes.callbacks.module_generators as module_generators
 from tests.modules.drawing_runs import (
     SITES,
     Ended,
@@ -174,11 +175,9 @@ def test_a_modules_own_generator_is_keyed_by_the_step_too(
     file = tmp_path / "run" / "every" / "step=4.ckpt"
     resumed = fit_drawing(tmp_path / "resumed", watch, ckpt=file, module=GeneratorNet)
     assert differences(alone, resumed) == []
-    with pytest.warns(
-        UserWarning, match="only the checkpoint's run has a torch.Generator 'noise.gen'"
-    ):
+    with pytest.warns(UserWarning, match="only the checkpoint's run has a generator 'noise.gen'"):
         fit_drawing(tmp_path / "without", watch, ckpt=file)  # a module without it
-    monkeypatch.setattr(exact_resume, "module_generators", lambda module: {})
+    monkeypatch.setattr(module_generators, "module_generators", lambda module: {})
     blind = fit_drawing(tmp_path / "blind", watch, module=GeneratorNet)
     file = tmp_path / "blind" / "every" / "step=4.ckpt"
     again = fit_drawing(tmp_path / "again", watch, ckpt=file, module=GeneratorNet)

@@ -7,6 +7,7 @@ the resumed half by import path."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from lit_spikes.testing import (
 from lit_spikes.testing.record import MODULE, SCHEDULER
 from lit_spikes.testing.verdict import NOT_REPRODUCIBLE
 from lit_spikes.tools.check_resume import main as check_resume_main
+from tests.modules.drawing_runs import NoisyRows
+from tests.modules.generator_nets import NETS
 from tests.modules.val_nets import PlateauNet, ValNet, val_rows
 
 STEPS, RESUME_AT = 12, 5  # 8 batches an epoch: the resume is mid-epoch
@@ -615,10 +618,59 @@ def test_a_modules_generator_is_named_and_exact_resume_keys_it() -> None:
     assert exact_report.exact, exact_report.first
 
 
+LOGS = ("losses", "validations", "hook_draws")
+"""What a DrawingNet keeps of the steps it trained (no training state)."""
+
+
+def drawing_rows() -> StepLoader:
+    return StepLoader(NoisyRows(augment=False), batch_size=8, seed=5)
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+@pytest.mark.parametrize("holding", ["a numpy Generator", "a torch.Generator in a list"])
+def test_any_generator_of_the_modules_is_named_with_its_fix(holding: str) -> None:
+    """Issue 62: a NumPy Generator attribute, a torch.Generator in a list: check-resume
+    said "module state: training_step's output" and advised deterministic=True. It names
+    the generator and the fix (ExactResume, the generator made in __init__), and with
+    ExactResume the resume is exact."""
+    net = functools.partial(NETS[holding], frozenset())  # its generator alone draws
+    report = check_resume(net, drawing_rows, steps=STEPS, resume_at=RESUME_AT)
+    assert report.first is not None and report.first.component == "RNG"
+    path = "'rng' of the module" if "numpy" in holding else "'rngs[0]' of the module"
+    assert report.first.item.endswith(path), report.first.item
+    assert "add ExactResume" in report.first.fix and "__init__ or setup" in report.first.fix
+    assert "deterministic=True" not in report.first.fix
+    exact_report = check_resume(
+        net, drawing_rows, exact, steps=STEPS, resume_at=RESUME_AT, ignore_attributes=LOGS
+    )
+    assert exact_report.exact, exact_report.first
+
+
 def test_augmentation_in_a_step_loaders_dataset_resumes_exactly() -> None:
     """Issue 53: check-resume said "data differs" and advised StepLoader, which the
     module used: the rows are now read with keyed RNGs."""
     assert_resumes_exactly(DropoutNet, augmented_data, exact, steps=STEPS, resume_at=RESUME_AT)
+
+
+def test_the_command_names_a_numpy_generator_and_its_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 62, from the command line: without ExactResume the first divergence is the
+    module's NumPy Generator, with the fix; with it (added, as fit adds it) the resume is
+    exact."""
+    model = "tests.modules.generator_nets.QuietNumpyNet"
+    data = "tests.modules.drawing_runs.DrawingData"
+    argv = _cli("--model", model, "--data", data, "--ignore_attributes", f"[{', '.join(LOGS)}]")
+    before = torch.get_num_threads()
+    try:
+        assert check_resume_main([*argv, "--exact_resume", "false"]) == 1
+        out = capsys.readouterr().out
+        assert "first divergence: RNG: RNG streams, numpy Generator 'rng' of the module" in out
+        assert "likely fix: the module's numpy Generator 'rng' draws otherwise" in out
+        assert check_resume_main(argv) == 0
+        assert "the resume is exact" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)  # the command sets the process's threads
 
 
 def test_the_command_sets_a_module_up_as_fit_does(capsys: pytest.CaptureFixture[str]) -> None:
