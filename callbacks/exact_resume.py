@@ -229,8 +229,9 @@ class ExactResume(Callback):
     - at a resume at an epoch's start, builds the plain train loaders' iterators anew after
       the epoch's keying, as the run built them (their workers' seeds, a shuffle's order),
       and keys a loader's own ``generator`` at each epoch's start; ends the epoch of a
-      file of its end without a batch more (Lightning's restart trained one) and keeps
-      Lightning's epoch counts the run's (``resumed_epoch``); warns, at a resume, of
+      file of its end without a batch more (Lightning's restart trained one), keeps
+      Lightning's epoch counts the run's, and runs the other callbacks'
+      ``on_train_epoch_start`` its restart skips (``resumed_epoch``); warns, at a resume, of
       a train loader it cannot position (not a ``StepLoader`` and no ``state_dict``,
       resumed mid-epoch) and of workers kept across epochs (``persistent_workers``);
     - refuses a second fit on a Trainer that trained, without ``ckpt_path`` (Lightning
@@ -302,7 +303,7 @@ class ExactResume(Callback):
         if stage == "fit":  # a validation's draws stay its own: a plain loader's next read
             self._unisolate = isolate_validations(trainer)
             # a resume at an epoch's start builds the plain loaders' iterators where the run did
-            self._unrebuild = rebuild_resumed_epoch(trainer, self._start_resumed_epoch)
+            self._unrebuild = rebuild_resumed_epoch(trainer, self, self._start_resumed_epoch)
 
     def _before_weights_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
@@ -498,11 +499,13 @@ class ExactResume(Callback):
         self._gens.rescan(pl_module, f"at epoch {trainer.current_epoch}'s start", first=False)
         self._seed_epoch(trainer, trainer.current_epoch)
 
-    def _start_resumed_epoch(self, epoch: int) -> None:
+    def _start_resumed_epoch(self, epoch: int) -> bool:
         """A resume at an epoch's start, before its iterators are built anew: the epoch's
-        keying, where Lightning's restart called no ``on_train_epoch_start``."""
-        if not self._epoch_started and self._trainer is not None:
-            self._seed_epoch(self._trainer, epoch)
+        keying, where Lightning's restart called no ``on_train_epoch_start`` (True)."""
+        if self._epoch_started or self._trainer is None:
+            return False
+        self._seed_epoch(self._trainer, epoch)
+        return True
 
     def _seed_epoch(self, trainer: pl.Trainer, epoch: int) -> None:
         """The process's RNGs, the module's generators and the plain train loaders' own

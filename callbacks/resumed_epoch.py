@@ -18,16 +18,20 @@ says what cannot be made exact this way (persistent workers).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lit_spikes.callbacks.loader_positions import (
     rebuilt_at_resume,
     steps_per_epoch,
     train_loaders,
 )
+from lit_spikes.stacklevel import outside_lightning
 
 
 def at_an_epochs_start(trainer: pl.Trainer) -> bool:
@@ -72,13 +76,35 @@ def finish_without_training(trainer: pl.Trainer, data_fetcher: Any) -> None:
         total.processed -= 1
 
 
+def start_the_epoch(trainer: pl.Trainer, own: Callback) -> None:
+    """The epoch's start Lightning's restart skipped: every other callback's
+    ``on_train_epoch_start`` (a finetuning unfreeze, an accumulation schedule), in their
+    order; the module's own is said, not called (one that logs cannot be called outside
+    Lightning's loop)."""
+    module = trainer.lightning_module
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if callback is not own:
+            callback.on_train_epoch_start(trainer, module)
+    if is_overridden("on_train_epoch_start", module):
+        warnings.warn(
+            f"ExactResume: the fit goes on at the start of epoch {trainer.current_epoch} "
+            f"(global step {trainer.global_step}) from a file of the epoch before's last "
+            "batch, whose restart Lightning begins with no on_train_epoch_start: the "
+            f"callbacks' ran here, but {type(module).__name__}'s own does not run for that "
+            "epoch in the resumed run (a module's hook may log, which only Lightning's loop "
+            "can call); a file of another step resumes it",
+            stacklevel=outside_lightning(),
+        )
+
+
 def rebuild_resumed_epoch(
-    trainer: pl.Trainer, start_epoch: Callable[[int], None]
+    trainer: pl.Trainer, own: Callback, start_epoch: Callable[[int], bool]
 ) -> Callable[[], None]:
     """Wrap the fit's epoch loop's first ``on_run_start`` (called after the epoch loop's
     reset, before its first batch) so that a resume at an epoch's start calls
-    ``start_epoch(epoch)`` (the epoch's keying, where no hook did it) and builds the train
-    iterators anew; returns the unwrapping. The wrapper removes itself as it runs: none
+    ``start_epoch(epoch)`` (the epoch's keying: True where no epoch hook ran, and then the
+    other callbacks' ``on_train_epoch_start`` run) and builds the train iterators anew;
+    returns the unwrapping. The wrapper removes itself as it runs: none
     of this project's frames stays on the stack while the epoch trains."""
     loop = trainer.fit_loop.epoch_loop
     if "on_run_start" in vars(loop):
@@ -90,8 +116,9 @@ def rebuild_resumed_epoch(
         resumed = trainer.fit_loop.is_resuming and at_an_epochs_start(trainer)
         if resumed:
             count_the_epoch_started(trainer)
+            if start_epoch(trainer.current_epoch):  # no on_train_epoch_start ran for it
+                start_the_epoch(trainer, own)
         if resumed and rebuilt_at_resume(train_loaders(trainer)):
-            start_epoch(trainer.current_epoch)
             iter(data_fetcher)  # what the run's epoch_loop.on_run_start did here
         original(data_fetcher)
         if trainer.fit_loop.is_resuming and epoch_trained(trainer):

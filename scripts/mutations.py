@@ -496,6 +496,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "skipped_epoch_start_hooks_not_run",  # issue 62, case 2: Lightning's restart
+        "callbacks/resumed_epoch.py",
+        "            callback.on_train_epoch_start(trainer, module)\n",
+        "            pass\n",
+        (
+            RESUMED_EPOCH + "test_a_callbacks_epoch_start_the_restart_skips_runs",
+            RESUMED_EPOCH + "test_an_accumulation_schedule_resumes_at_its_epoch",
+        ),
+    ),
+    Mutation(
         "generators_in_containers_unsearched",  # issue 62, case 3
         "lit_spikes/randomness.py",
         "    elif isinstance(value, list | tuple):\n",

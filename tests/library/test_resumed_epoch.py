@@ -18,7 +18,7 @@ import torch
 
 import lit_spikes.callbacks.exact_resume as exact_resume
 import lit_spikes.callbacks.resumed_epoch as resumed_epoch
-from tests.modules.drawing_runs import Ended, Watch, differences, fit_drawing
+from tests.modules.drawing_runs import Ended, EpochStartNet, Watch, differences, fit_drawing
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The number of training batches:UserWarning",  # Lightning's logging interval
@@ -194,3 +194,45 @@ def test_a_resumed_runs_file_resumes_the_run_again(tmp_path: Path, every: int | 
     )
     assert len(third.losses) == 6
     assert differences(first, third) == []
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_callbacks_epoch_start_the_restart_skips_runs(tmp_path: Path, plain: bool) -> None:
+    """A file of an epoch's last batch: Lightning's restart begins the next epoch with no
+    on_train_epoch_start; a callback that lowers the dropout there runs (the resumed
+    epoch trained at the epoch before's dropout), plain loader or StepLoader."""
+    watch = Watch(every=6, plain_augmented=plain, at_epoch_start="dropout")
+    first = fit_drawing(tmp_path / "first", watch, steps=16)
+    resumed, said = resumed_quietly(tmp_path, watch, "step=6.ckpt")
+    assert said == []
+    assert differences(first, resumed) == []
+
+
+def test_an_accumulation_schedule_resumes_at_its_epoch(tmp_path: Path) -> None:
+    """Lightning's GradientAccumulationScheduler sets epoch 1's accumulation at its start:
+    resumed there, epoch 1 accumulates 2 batches a step, as the run did (it trained 1)."""
+    watch = Watch(every=6, plain_augmented=True, at_epoch_start="accumulation")
+    first = fit_drawing(tmp_path / "first", watch, steps=10)
+    resumed = fit_drawing(
+        tmp_path / "resumed", watch, steps=10, ckpt=tmp_path / "first" / "every" / "step=6.ckpt"
+    )
+    assert len(resumed.losses) == len(first.losses) - 6 == 8  # 4 steps of 2 batches
+    assert differences(first, resumed) == []
+
+
+def test_a_modules_own_epoch_start_the_restart_skips_is_named(tmp_path: Path) -> None:
+    """The module's own on_train_epoch_start cannot be called outside Lightning's loop (it
+    may log): named, and true (the resumed epoch trains at the epoch before's dropout)."""
+    watch = Watch(every=6, plain_augmented=True)
+    first = fit_drawing(tmp_path / "first", watch, steps=16, module=EpochStartNet)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ckpt = tmp_path / "first" / "every" / "step=6.ckpt"
+        resumed = fit_drawing(
+            tmp_path / "resumed", watch, steps=16, ckpt=ckpt, module=EpochStartNet
+        )
+    said = [str(w.message) for w in seen if "on_train_epoch_start" in str(w.message)]
+    assert len(said) == 1
+    assert "start of epoch 1 (global step 6)" in said[0]
+    assert "EpochStartNet's own does not run for that epoch" in said[0]
+    assert differences(first, resumed) != []

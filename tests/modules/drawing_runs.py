@@ -16,7 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -130,6 +130,22 @@ class DrawingData(pl.LightningDataModule):
         return DataLoader(NoisyRows(16, seed=2), batch_size=8)
 
 
+class DropoutSchedule(Callback):
+    """Lowers the module's dropout at each epoch's start (a schedule kept in a callback)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for layer in pl_module.modules():
+            if isinstance(layer, nn.Dropout):
+                layer.p = 0.3 / (1 + trainer.current_epoch)
+
+
+class EpochStartNet(DrawingNet):
+    """Lowers its dropout in its own ``on_train_epoch_start``."""
+
+    def on_train_epoch_start(self) -> None:
+        DropoutSchedule().on_train_epoch_start(self.trainer, self)
+
+
 class SignalAt(Callback):
     """Sends this process SIGTERM (or ``signum``: SIGINT, a Ctrl-C) at the start of
     ``step`` (global step ``step - 1``), as a scheduler would: PreemptionCheckpoint saves
@@ -160,6 +176,9 @@ class Watch:
     ``on_train_epoch_end``, or at the validation's end where one runs."""
     max_epochs: int | None = None
     """``Trainer(max_epochs=...)`` beside ``max_steps`` (None: Lightning's default)."""
+    at_epoch_start: str | None = None
+    """A callback that acts at each epoch's start: ``"dropout"`` (``DropoutSchedule``) or
+    ``"accumulation"`` (Lightning's ``GradientAccumulationScheduler``, 2 from epoch 1)."""
     workers: int = 0
     """The train loader's workers (the StepLoader's, or a plain augmenting one's)."""
     plain: bool = False
@@ -216,6 +235,10 @@ def fit_drawing(
         callbacks.append(
             ModelCheckpoint(root / "every", "{step}", save_top_k=-1, save_on_train_epoch_end=at_end)
         )
+    if watch.at_epoch_start == "dropout":
+        callbacks.append(DropoutSchedule())
+    if watch.at_epoch_start == "accumulation":
+        callbacks.append(GradientAccumulationScheduler({1: 2}))
     if watch.monitor:
         callbacks.append(ModelCheckpoint(root / "best", "best-{step}", monitor="val_loss"))
     if watch.final:
