@@ -19,7 +19,7 @@ from typing_extensions import override
 from lit_spikes.callbacks.common import step_validates
 from lit_spikes.callbacks.isolated_validation import isolate_validations
 from lit_spikes.callbacks.loader_positions import (
-    loader_generators,
+    LoaderGenerators,
     position_warnings,
     train_loaders,
 )
@@ -276,8 +276,7 @@ class ExactResume(Callback):
         self._unsaid = False
         self._unisolate: Callable[[], None] = lambda: None
         self._unrebuild: Callable[[], None] = lambda: None
-        self._epoch_started = False
-        self._loader_seeds: dict[int, tuple[torch.Generator, int]] = {}
+        self._loader_generators = LoaderGenerators()
 
     @property
     @override
@@ -290,7 +289,7 @@ class ExactResume(Callback):
         self._loaded = False  # nothing of an earlier fit carries over
         self._gens, self._first_step_ended = ModuleGenerators(), False
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
-        self._unsaid, self._epoch_started, self._loader_seeds = False, False, {}
+        self._unsaid, self._loader_generators = False, LoaderGenerators()
         self._catch_up = PlateauCatchUp()
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
@@ -303,7 +302,7 @@ class ExactResume(Callback):
         if stage == "fit":  # a validation's draws stay its own: a plain loader's next read
             self._unisolate = isolate_validations(trainer)
             # a resume at an epoch's start builds the plain loaders' iterators where the run did
-            self._unrebuild = rebuild_resumed_epoch(trainer, self, self._start_resumed_epoch)
+            self._unrebuild = rebuild_resumed_epoch(trainer, self, self._seed_epoch)
 
     def _before_weights_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
@@ -495,27 +494,16 @@ class ExactResume(Callback):
         # A DataLoader draws its workers' seeds and a shuffle's order from torch's RNG (or
         # its own generator) right after this hook (from the second epoch on): keyed by
         # the epoch, not by what ran before.
-        self._epoch_started = True
         self._gens.rescan(pl_module, f"at epoch {trainer.current_epoch}'s start", first=False)
-        self._seed_epoch(trainer, trainer.current_epoch)
+        self._seed_epoch(trainer.current_epoch)
 
-    def _start_resumed_epoch(self, epoch: int) -> bool:
-        """A resume at an epoch's start, before its iterators are built anew: the epoch's
-        keying, where Lightning's restart called no ``on_train_epoch_start`` (True)."""
-        if self._epoch_started or self._trainer is None:
-            return False
-        self._seed_epoch(self._trainer, epoch)
-        return True
-
-    def _seed_epoch(self, trainer: pl.Trainer, epoch: int) -> None:
+    def _seed_epoch(self, epoch: int) -> None:
         """The process's RNGs, the module's generators and the plain train loaders' own
-        generators keyed by the epoch; a loader's from the seed it had when first seen."""
+        generators keyed by the epoch (also where Lightning's restart skipped its start)."""
         self._seed_for(EPOCH, epoch)
-        for generator in loader_generators(train_loaders(trainer)):
-            _, seed = self._loader_seeds.setdefault(
-                id(generator), (generator, generator.initial_seed())
-            )
-            generator.manual_seed(derive(seed, EPOCH, epoch, trainer.global_rank))
+        if self._trainer is not None:
+            loaders, rank = train_loaders(self._trainer), self._trainer.global_rank
+            self._loader_generators.seed(loaders, EPOCH, epoch, rank)
 
     @override
     def on_train_batch_start(
@@ -583,5 +571,5 @@ class ExactResume(Callback):
         self._unisolate()
         self._unrebuild()
         self._unisolate = self._unrebuild = lambda: None
-        self._loader_seeds = {}
+        self._loader_generators = LoaderGenerators()
         self._trainer = None

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 
 from lit_spikes.loader import StepLoader
+from lit_spikes.randomness import derive
 
 
 def train_loaders(trainer: pl.Trainer) -> list[Any]:
@@ -63,8 +64,12 @@ def position_warnings(trainer: pl.Trainer) -> list[str]:
     mid_epoch = per_epoch == 0 or step % per_epoch != 0
     loaders = train_loaders(trainer)
     texts = []
+    rebuilt = not mid_epoch and rebuilt_at_resume(loaders)
     for loader in loaders:
         if positionable(loader):
+            continue
+        if rebuilt:  # its order and workers' seeds are the run's; their streams may not be
+            texts += [_persistent_text(loader, step)] if persistent(loader) else []
             continue
         if mid_epoch:
             where = (
@@ -72,16 +77,11 @@ def position_warnings(trainer: pl.Trainer) -> list[str]:
                 if per_epoch == 0
                 else f"mid-epoch (step {step}, {per_epoch} steps an epoch)"
             )
-        elif not rebuilt_at_resume(loaders):
+        else:
             where = (
                 f"at an epoch's start (step {step}) beside a loader whose position Lightning "
                 "restored, so its iterator is not built anew where the run built it"
             )
-        elif persistent(loader):
-            texts.append(_persistent_text(loader, step))
-            continue
-        else:
-            continue
         texts.append(
             f"ExactResume: the train loader ({type(loader).__name__}) is resumed {where} and "
             "cannot be positioned: it is no StepLoader and has no state_dict/load_state_dict, "
@@ -123,3 +123,17 @@ def loader_generators(loaders: list[Any]) -> list[torch.Generator]:
             if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
                 found.append(generator)
     return found
+
+
+class LoaderGenerators:
+    """The plain train loaders' own generators, each keyed from the seed it had when
+    first seen in the fit (as a module's are: the user's seed still decides them)."""
+
+    def __init__(self) -> None:
+        self._seeds: dict[int, tuple[torch.Generator, int]] = {}  # by id, kept alive
+
+    def seed(self, loaders: list[Any], *key: int) -> None:
+        """Set each from ``derive(its seed, *key)``."""
+        for generator in loader_generators(loaders):
+            _, seed = self._seeds.setdefault(id(generator), (generator, generator.initial_seed()))
+            generator.manual_seed(derive(seed, *key))

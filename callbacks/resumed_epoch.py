@@ -52,15 +52,20 @@ def epoch_trained(trainer: pl.Trainer) -> bool:
     return batches >= trainer.num_training_batches
 
 
-def count_the_epoch_started(trainer: pl.Trainer) -> None:
-    """A file of an epoch's last batch goes on with the next epoch, which Lightning's
-    restart never counts ready and started (it skips the epoch's start): the next file
-    then held other epoch counts than the run's, and a resume from it under
-    ``max_epochs`` trained an epoch more."""
+def start_skipped(trainer: pl.Trainer) -> bool:
+    """Whether Lightning's restart skipped the epoch's start (a file of the epoch
+    before's last batch): the fit loop counts an epoch ready before its
+    ``on_train_epoch_start`` hooks, and this one it never counted."""
     progress = trainer.fit_loop.epoch_progress
-    if progress.total.ready == progress.total.completed:
-        progress.increment_ready()
-        progress.increment_started()
+    return progress.total.ready == progress.total.completed
+
+
+def count_the_epoch_started(trainer: pl.Trainer) -> None:
+    """The epoch Lightning's restart never counts ready and started: the next file then
+    held other epoch counts than the run's, and a resume from it under ``max_epochs``
+    trained an epoch more."""
+    trainer.fit_loop.epoch_progress.increment_ready()
+    trainer.fit_loop.epoch_progress.increment_started()
 
 
 def finish_without_training(trainer: pl.Trainer, data_fetcher: Any) -> None:
@@ -98,12 +103,12 @@ def start_the_epoch(trainer: pl.Trainer, own: Callback) -> None:
 
 
 def rebuild_resumed_epoch(
-    trainer: pl.Trainer, own: Callback, start_epoch: Callable[[int], bool]
+    trainer: pl.Trainer, own: Callback, start_epoch: Callable[[int], None]
 ) -> Callable[[], None]:
     """Wrap the fit's epoch loop's first ``on_run_start`` (called after the epoch loop's
-    reset, before its first batch) so that a resume at an epoch's start calls
-    ``start_epoch(epoch)`` (the epoch's keying: True where no epoch hook ran, and then the
-    other callbacks' ``on_train_epoch_start`` run) and builds the train iterators anew;
+    reset, before its first batch) so that a resume at an epoch's start whose start
+    Lightning skipped counts it, calls ``start_epoch(epoch)`` (``own``'s keying of it) and
+    the other callbacks' ``on_train_epoch_start``, and builds the train iterators anew;
     returns the unwrapping. The wrapper removes itself as it runs: none
     of this project's frames stays on the stack while the epoch trains."""
     loop = trainer.fit_loop.epoch_loop
@@ -114,10 +119,10 @@ def rebuild_resumed_epoch(
     def on_run_start(data_fetcher: Any) -> None:
         loop.__dict__.pop("on_run_start", None)  # the fit's first epoch only
         resumed = trainer.fit_loop.is_resuming and at_an_epochs_start(trainer)
-        if resumed:
+        if resumed and start_skipped(trainer):
             count_the_epoch_started(trainer)
-            if start_epoch(trainer.current_epoch):  # no on_train_epoch_start ran for it
-                start_the_epoch(trainer, own)
+            start_epoch(trainer.current_epoch)
+            start_the_epoch(trainer, own)
         if resumed and rebuilt_at_resume(train_loaders(trainer)):
             iter(data_fetcher)  # what the run's epoch_loop.on_run_start did here
         original(data_fetcher)

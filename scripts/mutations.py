@@ -457,8 +457,8 @@ MUTATIONS = [
     ),
     Mutation(
         "loader_generator_unkeyed",  # issue 62, case 2: a DataLoader's own generator
-        "callbacks/exact_resume.py",
-        "            generator.manual_seed(derive(seed, EPOCH, epoch, trainer.global_rank))\n",
+        "callbacks/loader_positions.py",
+        "            generator.manual_seed(derive(seed, *key))\n",
         "            pass\n",
         (
             RESUMED_EPOCH + "test_a_resume_at_an_epochs_start_is_the_run",
@@ -488,8 +488,8 @@ MUTATIONS = [
     Mutation(
         "resumed_epoch_never_started",  # issue 62, case 2: the next file's epoch counts
         "callbacks/resumed_epoch.py",
-        "        progress.increment_started()\n",
-        "        pass\n",
+        "    trainer.fit_loop.epoch_progress.increment_started()\n",
+        "    pass\n",
         (
             RESUMED_EPOCH + "test_the_resumed_runs_files_hold_the_runs_epoch_counts",
             RESUMED_EPOCH + "test_a_resumed_runs_file_resumes_the_run_again",
