@@ -79,7 +79,8 @@ def step_validates(trainer: pl.Trainer) -> bool:
     (``validates_at_this_step_anyway``). A time-based ``val_check_interval`` is no function
     of the step: nothing is said to be due, nothing replayed."""
     timed = trainer.val_check_batch is None  # what Lightning's fit loop sets for one
-    return trainer.enable_validation and not timed and validates_at_this_step_anyway(trainer)
+    # The schedule first: enable_validation looks up validation_step's override (~7 us).
+    return not timed and validates_at_this_step_anyway(trainer) and trainer.enable_validation
 
 
 def make_state_key(callback: object, **settings: Any) -> str:

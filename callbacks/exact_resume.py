@@ -42,6 +42,7 @@ from lit_spikes.randomness import (
     VALIDATION,
     Generator,
     derive,
+    derive_in,
     seed_all,
 )
 from lit_spikes.stacklevel import outside_lightning
@@ -346,7 +347,7 @@ class ExactResume(Callback):
             seed = torch.initial_seed() if self._seed is None else self._seed
             seed_all(derive(seed, domain, *key, rank))
             return
-        seed_all(derive(self._run_seed(), domain, *key, rank))
+        seed_all(derive_in(self._run_seed(), domain, *key, rank))
         self._module_generators()
         self._gens.seed(domain, *key, rank)
 

@@ -97,7 +97,8 @@ class StepEnd:
         """This step's end, opened once the optimizer step of the batch started is taken."""
         started = self._started
         if self.open is None and started is not None and trainer.global_step > started.step:
-            self.open, self._started = replace(started, step=trainer.global_step), None
+            started.step = trainer.global_step  # made for this batch: no copy (~10 us)
+            self.open, self._started = started, None
         now = self.open is not None and self.open.step == trainer.global_step
         return self.open if now else None
 

@@ -6,13 +6,15 @@ count batches of data. They are equal until a position is skipped (PaLM's remedy
 the pointer jumps past it while the step, and with it the LR schedule, goes on. Position
 ``p`` lies in data epoch ``p // batches_per_epoch``, whose order is a permutation seeded
 by (seed, epoch); under several processes each rank takes its rows of the same global
-batch.
+batch. Augmentation draws are keyed by (seed, data position, shard of the global batch).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from lit_spikes.randomness import GOLDEN, MASK64, ROW, derive, kept_rng_states, mix64, seed_all
+from lit_spikes.randomness import GOLDEN, MASK64, ROW, derive_in, kept_rng_states, mix64, seed_all
 
 
 def mix_seed(seed: int, index: int) -> int:
@@ -107,37 +109,57 @@ def check_shard(batch_size: int, rank: int, world_size: int, name: str = "batch_
         )
 
 
-RowKey = tuple[int, int, int]
-"""(data position, the row's slot in the global batch, dataset index)."""
+MIN_SHARD_ROWS = 32
+"""A default shard has at least this many rows: its seeds (~11 us) then cost a few percent
+of its rows' reads (~6 us a row of a small tensor dataset, collated)."""
 
 
-class _KeyedRows(Dataset[Any]):
-    """``dataset``'s rows, each read with the process's RNGs set from (seed, data
-    position, the row's slot in the global batch): augmentation in ``__getitem__`` draws
-    the same whichever rank, worker or resume reads the row."""
+def default_shards(batch_size: int) -> int:
+    """The most shards, a power of two, that cut a global batch of ``batch_size`` rows into
+    equal shards of at least ``MIN_SHARD_ROWS`` rows (1 for a batch under twice that)."""
+    shards = 1
+    while batch_size % (2 * shards) == 0 and batch_size // (2 * shards) >= MIN_SHARD_ROWS:
+        shards *= 2
+    return shards
+
+
+ShardRead = tuple[int, int, list[int], int]
+"""(data position, shard of the global batch, dataset indices from the shard's first row
+to the reader's last, how many of them lead up to the reader's own rows)."""
+
+
+class _KeyedShards(Dataset[Any]):
+    """``dataset``'s rows, read shard by shard with the process's RNGs set once a shard
+    from (seed, data position, shard) and the shard's rows read in order: augmentation in
+    ``__getitem__`` draws the same whichever rank, worker or resume reads the shard."""
 
     def __init__(self, dataset: Dataset[Any], seed: int) -> None:
         self.dataset, self.seed = dataset, seed
 
-    def __getitem__(self, key: RowKey) -> Any:
-        position, slot, index = key
-        seed_all(derive(self.seed, ROW, position, slot))
-        return self.dataset[index]
+    def __getitem__(self, read: ShardRead) -> list[Any]:
+        position, shard, rows, lead = read
+        seed_all(derive_in(self.seed, ROW, position, shard))
+        dataset = self.dataset
+        return [dataset[index] for index in rows][lead:]
+
+    def __getitems__(self, reads: list[ShardRead]) -> list[Any]:
+        """A batch's rows (torch's fetcher calls it with what ``_StepSampler`` yields)."""
+        return [row for read in reads for row in self[read]]
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
 
-class _StepSampler(Sampler[list[RowKey]]):
-    """The keys of this rank's rows, step after step from ``start``."""
+class _StepSampler(Sampler[list[ShardRead]]):
+    """The reads of this rank's rows, step after step from ``start``."""
 
     def __init__(self, loader: StepLoader, start: int, rank: int, world_size: int) -> None:
         self.loader, self.start, self.rank, self.world_size = loader, start, rank, world_size
 
-    def __iter__(self) -> Iterator[list[RowKey]]:
+    def __iter__(self) -> Iterator[list[ShardRead]]:
         step = self.start
         while True:
-            yield self.loader.keys_of_step(step, self.rank, self.world_size)
+            yield self.loader.reads_of_step(step, self.rank, self.world_size)
             step += 1
 
 
@@ -161,12 +183,13 @@ class StepLoader:
     ``[r * b, (r + 1) * b)`` of it (``b = batch_size // world_size``), so the data of a
     step does not depend on the world size.
 
-    Each row is read with torch's, Python's and NumPy's RNGs set from (``seed``, data
-    position, the row's slot in the global batch), so random augmentation in
-    ``__getitem__`` is part of the pure function too, whatever the worker count, the rank
-    or a resume; read in this process, the RNGs are put back afterwards
-    (``restores_rng``). Rows are read one by one: a dataset's ``__getitems__`` is not
-    called.
+    The global batch is cut into ``shards`` equal shards of consecutive rows; each is read
+    in order with torch's, Python's and NumPy's RNGs set once from (``seed``, data
+    position, shard), so random augmentation in ``__getitem__`` is part of the pure
+    function too, whatever the worker count, the rank or a resume; read in this process,
+    the RNGs are put back afterwards (``restores_rng``). A rank whose rows start inside a
+    shard reads the shard's rows before its own too (and warns once where that is more
+    than its share). Rows are read one by one: a dataset's ``__getitems__`` is not called.
 
     Args:
         dataset: any map-style dataset (``__getitem__`` and ``__len__``); its item must be a
@@ -179,11 +202,16 @@ class StepLoader:
         num_workers: worker processes of the inner ``DataLoader``.
         pin_memory: as ``DataLoader`` takes it.
         skip: data positions never trained on (``BatchSkipper`` adds to them).
+        shards: how many shards the global batch's augmentation is keyed by (default:
+            ``default_shards(batch_size)``, shards of at least 32 rows); it must divide
+            ``batch_size``, and a multiple of the process count lets every rank read only
+            its own rows. One seed a shard: ``shards=batch_size`` keys every row, as files
+            from before shards were.
 
     Raises:
         ValueError: a dataset that is not map-style or has fewer rows than ``batch_size``,
-            a ``batch_size``, ``seed`` or ``num_workers`` out of range, a ``shuffle`` that is
-            not a bool, a bad skip position.
+            a ``batch_size``, ``seed``, ``num_workers`` or ``shards`` out of range, a
+            ``shuffle`` that is not a bool, a bad skip position.
 
     Example:
         >>> loader = StepLoader(TensorDataset(x, y), batch_size=32, seed=0)
@@ -202,6 +230,7 @@ class StepLoader:
         num_workers: int = 0,
         pin_memory: bool = False,
         skip: Iterable[int] = (),
+        shards: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
@@ -227,6 +256,16 @@ class StepLoader:
             raise ValueError(f"shuffle={shuffle!r} must be True or False")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
+        shards = default_shards(batch_size) if shards is None else shards
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards={shards!r} must be an integer >= 1")
+        if batch_size % shards:
+            divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+            near = min(divisors, key=lambda d: (abs(d - shards), d))
+            raise ValueError(
+                f"shards={shards} must divide batch_size={batch_size} (equal shards of the "
+                f"global batch), e.g. shards={near}"
+            )
         rows = len(dataset)
         if rows < batch_size:
             raise ValueError(
@@ -235,12 +274,13 @@ class StepLoader:
             )
         self.dataset, self.batch_size, self.seed, self.shuffle = dataset, batch_size, seed, shuffle
         self.collate_fn, self.num_workers, self.pin_memory = collate_fn, num_workers, pin_memory
-        self.skip = normalize_skip(skip)
+        self.skip, self.shards = normalize_skip(skip), shards
         self.batches_per_epoch = rows // batch_size
         self.next_step = 0
         """The global step whose batch comes next."""
         self._orders: dict[int, np.ndarray[Any, Any]] = {}
-        self._keyed = _KeyedRows(dataset, seed)
+        self._keyed = _KeyedShards(dataset, seed)
+        self._warned_reads = False
         self.restores_rng = True
         """Put this process's RNGs back after reading a batch here (``num_workers=0``), so
         that the rows' keyed draws do not reach the training's. ``ExactResume`` turns it
@@ -283,37 +323,53 @@ class StepLoader:
     def rows_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> list[int]:
         """Dataset indices of rank ``rank``'s rows of the global batch of ``step``."""
         check_shard(self.batch_size, rank, world_size)
-        epoch, index = divmod(self.position_of_step(step), self.batches_per_epoch)
         share = self.batch_size // world_size
-        start = index * self.batch_size + rank * share
+        return self._rows(self.position_of_step(step), rank * share, (rank + 1) * share)
+
+    def _rows(self, position: int, first: int, stop: int) -> list[int]:
+        """Dataset indices of slots ``[first, stop)`` of the global batch at ``position``."""
+        epoch, index = divmod(position, self.batches_per_epoch)
+        start = index * self.batch_size
         if not self.shuffle:  # no order to build: a dataset may be far larger than memory
-            return list(range(start, start + share))
-        rows: list[int] = self.order(epoch)[start : start + share].tolist()
+            return list(range(start + first, start + stop))
+        rows: list[int] = self.order(epoch)[start + first : start + stop].tolist()
         return rows
 
-    def keys_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> list[RowKey]:
-        """(data position, slot in the global batch, dataset index) of rank ``rank``'s rows
-        of ``step``: what each row's read is keyed by."""
-        first = rank * (self.batch_size // world_size)
+    def reads_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> list[ShardRead]:
+        """What rank ``rank`` reads for its rows of ``step``: each shard its rows lie in,
+        from the shard's first row (whose draws lead up to its own) to its last row."""
+        check_shard(self.batch_size, rank, world_size)
+        share, size = self.batch_size // world_size, self.batch_size // self.shards
+        first, stop = rank * share, (rank + 1) * share
+        begin = first - first % size  # the first shard's first slot
         position = self.position_of_step(step)
-        rows = self.rows_of_step(step, rank, world_size)
-        return [(position, first + j, index) for j, index in enumerate(rows)]
+        rows = self._rows(position, begin, stop)
+        return [
+            (
+                position,
+                start // size,
+                rows[start - begin : min(start + size, stop) - begin],
+                max(first - start, 0),
+            )
+            for start in range(begin, stop, size)
+        ]
 
     def batch_of_step(self, step: int, rank: int = 0, world_size: int = 1) -> Any:
         """Rank ``rank``'s batch of global step ``step``, collated, in this process (whose
         RNGs it leaves as they were)."""
         collate = self.collate_fn or torch.utils.data.default_collate
-        keys = self.keys_of_step(step, rank, world_size)
+        reads = self.reads_of_step(step, rank, world_size)
         if not self.restores_rng:
-            return collate([self._keyed[key] for key in keys])
+            return collate(self._keyed.__getitems__(reads))
         with kept_rng_states():
-            return collate([self._keyed[key] for key in keys])
+            return collate(self._keyed.__getitems__(reads))
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: nothing is read before the first batch is asked for, after Lightning
         # restored the step and ExactResume sought it.
         rank, world_size = world()
         check_shard(self.batch_size, rank, world_size)
+        self._warn_of_reads(rank, world_size)
         while True:
             skip = self.skip
             for batch in self.iter_from(self.next_step, rank, world_size):
@@ -321,6 +377,24 @@ class StepLoader:
                 yield batch
                 if self.skip != skip:
                     break  # workers drew rows ahead under the old skip set: start anew
+
+    def _warn_of_reads(self, rank: int, world_size: int) -> None:
+        """Once, on rank 0: where a rank reads rows before its own to key its shard."""
+        if rank != 0 or self._warned_reads or self.shards % world_size == 0:
+            return
+        self._warned_reads = True
+        share, size = self.batch_size // world_size, self.batch_size // self.shards
+        most = share + max(rank * share % size for rank in range(world_size))
+        fits = world_size * self.shards // math.gcd(world_size, self.shards)
+        warnings.warn(
+            f"StepLoader(shards={self.shards}) cuts the global batch of {self.batch_size} "
+            f"rows into shards that {world_size} processes cannot share: a process reads up "
+            f"to {most} rows a step for its {share}, the rows of its shard before its own, "
+            f"so that augmentation draws as one process would. StepLoader(shards={fits}) "
+            "reads only each process's own rows, but keys the augmentation otherwise: set it "
+            "at a run's start",
+            stacklevel=2,
+        )
 
     def iter_from(self, step: int, rank: int = 0, world_size: int = 1) -> Iterator[Any]:
         """Rank ``rank``'s batches of steps ``step, step + 1, ...``, endless, outside of any
@@ -351,16 +425,22 @@ class StepLoader:
             "batch_size": self.batch_size,
             "rows": len(self.dataset),
             "shuffle": self.shuffle,
+            "shards": self.shards,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Go on where the checkpoint's run was; another order is refused by name."""
-        here = self.state_dict()
+        here, saved_shards = self.state_dict(), _saved_shards(state_dict)
         differ = [
             f"{key}: checkpoint {state_dict[key]!r}, now {here[key]!r}"
             for key in ("seed", "batch_size", "rows", "shuffle")
             if key in state_dict and state_dict[key] != here[key]
         ]
+        if saved_shards is not None and saved_shards != self.shards:
+            older = (
+                "" if "shards" in state_dict else " (a file from before shards: every row keyed)"
+            )
+            differ.append(f"shards: checkpoint {saved_shards}{older}, now {self.shards}")
         if differ:
             raise ValueError(
                 "this StepLoader orders its data otherwise than the one the checkpoint was "
@@ -371,6 +451,14 @@ class StepLoader:
         check_new_skips(saved, self.skip, step)
         self.skip = normalize_skip((*saved, *self.skip))
         self.next_step = step
+
+
+def _saved_shards(state_dict: dict[str, Any]) -> int | None:
+    """The shards a file's loader keyed its reads by: files from before shards keyed every
+    row (``shards=batch_size``)."""
+    if "shards" in state_dict:
+        return int(state_dict["shards"])
+    return int(state_dict["batch_size"]) if "batch_size" in state_dict else None
 
 
 def positioned(trainer: Any) -> PositionedData | None:

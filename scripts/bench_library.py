@@ -6,13 +6,19 @@ A plain Lightning Trainer on the default model (the demos' tiny GPT) with ``Step
 order, ms/step medians after the warm-up steps, the median of the per-repeat ratios.
 Target: at most 1.01x.
 
+Then the same two Trainers on a tiny MLP (32-64-1, AdamW; a step of a millisecond or two,
+where the library's fixed work shows): the exact path's host work a step (the difference
+of the medians; target: at most 50 us) at batch 8, and the ratio at batch 256. Then one
+keyed batch against a plain ``DataLoader``'s, outside the Trainer, at batch 256, in the
+main process and with 2 workers (target: at most 1.5x).
+
 Then the RNG work of one step, side by side: the design before per-step seeds
 (``collect_rng_states`` at each step's start, the states a save inside the step would
 hold) against the per-step seeds (two ``seed_all`` a step, the step's and the one after
 it, and one per row of the batch that ``StepLoader`` reads), in microseconds and as a
 share of the library's step.
 
-    python scripts/bench_library.py [--steps 80] [--warmup 10] [--repeats 7]
+    python scripts/bench_library.py [--steps 80] [--warmup 10] [--repeats 7] [--tiny-steps 300]
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SpikeDetector
@@ -92,6 +98,121 @@ def ms_per_step(with_library: bool, steps: int, warmup: int) -> float:
     return 1000 * statistics.median(spans)
 
 
+class _TinyMLP(pl.LightningModule):
+    """A step of a millisecond or two: the library's fixed work is a visible share."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _tiny_rows(rows: int = 8192) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(
+        torch.randn(rows, 32, generator=generator), torch.randn(rows, 1, generator=generator)
+    )
+
+
+def tiny_ms_per_step(with_library: bool, batch: int, steps: int, warmup: int) -> float:
+    """The tiny MLP's median step: ``ExactResume`` + ``StepLoader``, or a plain Trainer
+    with a shuffled ``DataLoader`` (both shuffle)."""
+    stamps = _Stamps()
+    callbacks: list[Callback] = [stamps]
+    loader: Any
+    if with_library:
+        loader = StepLoader(_tiny_rows(), batch, seed=0)
+        callbacks.append(ExactResume())
+    else:
+        loader = DataLoader(_tiny_rows(), batch, shuffle=True, drop_last=True)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(_TinyMLP(), train_dataloaders=loader)
+    spans = [
+        b - a for a, b in zip(stamps.starts[warmup:], stamps.starts[warmup + 1 :], strict=False)
+    ]
+    return 1000 * statistics.median(spans)
+
+
+def batch_ms(keyed: bool, batch: int, workers: int, batches: int = 60) -> float:
+    """Milliseconds a batch, iterating ``batches`` batches (after 5 unmeasured) of a
+    ``StepLoader`` as a fit reads it (no RNG states put back: ``ExactResume`` sets them at
+    each step's start) or a shuffled ``DataLoader``."""
+    loader: Any
+    rows = (batches + 5) * batch  # one epoch: a DataLoader's iterator ends with it
+    if keyed:
+        loader = StepLoader(_tiny_rows(rows), batch, seed=0, num_workers=workers)
+        loader.restores_rng = False
+    else:
+        loader = DataLoader(
+            _tiny_rows(rows), batch, shuffle=True, drop_last=True, num_workers=workers
+        )
+    iterator = iter(loader)
+    for _ in range(5):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return 1000 * (time.perf_counter() - start) / batches
+
+
+def paired(measure: Any, repeats: int) -> tuple[float, float, float, float, float]:
+    """``measure(flag)`` for False and True, interleaved in alternating order: the medians
+    (plain, library), and the median, least and largest of the per-repeat ratios."""
+    ratios, plain, library = [], [], []
+    for repeat in range(repeats):
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        times = {flag: measure(flag) for flag in order}
+        plain.append(times[False])
+        library.append(times[True])
+        ratios.append(times[True] / times[False])
+    return (
+        statistics.median(plain),
+        statistics.median(library),
+        statistics.median(ratios),
+        min(ratios),
+        max(ratios),
+    )
+
+
+def tiny_rows(args: argparse.Namespace) -> None:
+    """The tiny MLP's rows of ``make bench``: the exact path's cost where a step is short."""
+    for batch in (8, 256):
+        plain, library, ratio, low, high = paired(
+            lambda flag, b=batch: tiny_ms_per_step(flag, b, args.tiny_steps, 30), args.repeats
+        )
+        print(
+            f"tiny MLP, batch {batch}: ExactResume + StepLoader {library:.3f} / plain Trainer + "
+            f"DataLoader {plain:.3f} ms/step: host work {1000 * (library - plain):+.0f} us a "
+            f"step (target <= 50 at batch 8), ratio {ratio:.3f} (median of {args.repeats} "
+            f"interleaved pairs, range {low:.3f}-{high:.3f})"
+        )
+    for workers in (0, 2):
+        plain, library, ratio, low, high = paired(
+            lambda flag, w=workers: batch_ms(flag, 256, w), args.repeats
+        )
+        print(
+            f"a batch of 256 rows, {workers} workers: StepLoader {library:.3f} / DataLoader "
+            f"{plain:.3f} ms, ratio {ratio:.2f} (target <= 1.5; range {low:.2f}-{high:.2f})"
+        )
+
+
 def rng_work_us(rows: int, steps: int = 2000) -> tuple[float, float]:
     """Microseconds of RNG work a step: (before, per-step seeds), each the median of 5
     timings of ``steps`` steps, interleaved."""
@@ -120,10 +241,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tiny-steps", type=int, default=300)
+    parser.add_argument("--only-tiny", action="store_true", help="only the tiny MLP's rows")
     args = parser.parse_args()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     torch.set_num_threads(1)
+    tiny_rows(args)
+    if args.only_tiny:
+        return
     ratios, plain, library = [], [], []
     for repeat in range(args.repeats):
         order = (False, True) if repeat % 2 == 0 else (True, False)

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXACT = "tests/library/callbacks/test_exact_resume.py::"
 LR = "tests/library/callbacks/test_lr_scaler.py::"
 LOADER = "tests/library/test_loader.py::"
+SHARDS = "tests/library/test_loader_shards.py::"
 BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
@@ -91,7 +92,7 @@ MUTATIONS = [
         (
             EXACT + "test_a_resume_draws_from_random_numpy_and_torch_as_the_uninterrupted_run",
             EXACT + "test_a_resume_in_a_new_process_draws_as_the_uninterrupted_run",
-            LOADER + "test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it",
+            LOADER + "test_augmentation_is_keyed_by_position_and_shard_whoever_reads_it",
         ),
     ),
     Mutation(
@@ -108,11 +109,31 @@ MUTATIONS = [
     Mutation(
         "rows_not_keyed",  # augmentation draws from the reading process's state
         "lit_spikes/loader.py",
-        "        seed_all(derive(self.seed, ROW, position, slot))\n",
+        "        seed_all(derive_in(self.seed, ROW, position, shard))\n",
         "",
         (
-            LOADER + "test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it",
+            LOADER + "test_augmentation_is_keyed_by_position_and_shard_whoever_reads_it",
             INVARIANCE + "test_every_file_resumes_the_run_nothing_watched",
+        ),
+    ),
+    Mutation(
+        "rank_reads_no_lead",  # a rank inside a shard draws from the shard's first key
+        "lit_spikes/loader.py",
+        "        begin = first - first % size  # the first shard's first slot\n",
+        "        begin = first\n",
+        (
+            SHARDS + "test_every_rank_draws_its_rows_as_one_process_does",
+            SHARDS + "test_workers_of_a_rank_draw_as_one_process_does",
+        ),
+    ),
+    Mutation(
+        "old_files_taken_as_sharded",  # a file of per-row keys resumed with shard keys
+        "lit_spikes/loader.py",
+        '    return int(state_dict["batch_size"]) if "batch_size" in state_dict else None\n',
+        "    return None\n",
+        (
+            SHARDS + "test_a_file_from_before_shards_is_refused_unless_its_rows_are_keyed_alike",
+            SHARDS + "test_a_file_from_before_shards_resumes_only_with_its_keys",
         ),
     ),
     Mutation(

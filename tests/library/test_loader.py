@@ -118,9 +118,9 @@ def test_each_rank_takes_its_rows_of_the_global_batch() -> None:
         data.rows_of_step(5, 0, 3)
 
 
-def test_augmentation_is_keyed_by_position_and_slot_whoever_reads_it() -> None:
+def test_augmentation_is_keyed_by_position_and_shard_whoever_reads_it() -> None:
     """Issue 53: a row's draws in ``__getitem__`` (torch, NumPy, random) come from (seed,
-    data position, slot in the global batch): the same under 2 ranks as under 1, in
+    data position, shard of the global batch): the same under 2 ranks as under 1, in
     workers as in this process, at any reseeding of the global RNGs; this process's RNGs
     are left as they were; another seed or step draws otherwise."""
     data = StepLoader(NoisyRows(), batch_size=8, seed=5)

@@ -195,6 +195,8 @@ class Watch:
     loader_generator: bool = False
     """The plain augmenting loader draws from a ``torch.Generator`` of its own (the
     workers' base seed, a shuffle's order), seeded by the user."""
+    shards: int | None = None
+    """The StepLoader's shards (None: its default, one shard at batch 8)."""
     sigterm_at: int | None = None
     """A SIGTERM in this step: the run stops there, PreemptionCheckpoint's file in
     ``preempted/``."""
@@ -261,7 +263,8 @@ def fit_drawing(
     )
     model = module() if sites == SITES else module(sites)
     augment = "augment" in sites
-    train: Any = StepLoader(NoisyRows(augment=augment), 8, seed=5, num_workers=watch.workers)
+    rows = NoisyRows(augment=augment)
+    train: Any = StepLoader(rows, 8, seed=5, num_workers=watch.workers, shards=watch.shards)
     if watch.plain:
         rows = NoisyRows()
         train = DataLoader(TensorDataset(rows.x, rows.x @ rows.w), batch_size=8)
