@@ -6,16 +6,17 @@ A plain Lightning Trainer on the default model (the demos' tiny GPT) with ``Step
 order, ms/step medians after the warm-up steps, the median of the per-repeat ratios.
 Target: at most 1.01x.
 
-Then the same two Trainers on a tiny MLP (32-64-1, AdamW; a step of a millisecond or two,
-where the library's fixed work shows): the exact path's host work a step (the difference
-of the medians; target: at most 50 us) at batch 8, and the ratio at batch 256. Then one
-keyed batch against a plain ``DataLoader``'s, outside the Trainer, at batch 256, in the
-main process and with 2 workers (target: at most 1.5x).
+First the same two Trainers on a tiny MLP (32-64-1, AdamW; a step of a millisecond or
+two, where the library's fixed work shows), at batch 8 and 256, with ``ExactResume``'s
+hooks timed inside the library's runs. Then a batch alone, outside the Trainer, the
+median of 200: ``StepLoader`` against ``DataLoader`` at batch 8 (with the hooks, the exact
+path's host work a step; target: at most 50 us) and at batch 256, in the main process and
+with 2 workers (target: at most 1.5x).
 
 Then the RNG work of one step, side by side: the design before per-step seeds
 (``collect_rng_states`` at each step's start, the states a save inside the step would
 hold) against the per-step seeds (two ``seed_all`` a step, the step's and the one after
-it, and one per row of the batch that ``StepLoader`` reads), in microseconds and as a
+it, and one per shard of the batch that ``StepLoader`` reads), in microseconds and as a
 share of the library's step.
 
     python scripts/bench_library.py [--steps 80] [--warmup 10] [--repeats 7] [--tiny-steps 300]
@@ -39,6 +40,7 @@ from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SpikeDetector
 from lit_spikes.demo.data import DataConfig, StepDataModule, collate_rows
 from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.loader import default_shards
 from lit_spikes.randomness import (
     BETWEEN,
     ROW,
@@ -122,15 +124,41 @@ def _tiny_rows(rows: int = 8192) -> TensorDataset:
     )
 
 
+HOOK_US: list[float] = []
+"""ExactResume's hooks, microseconds a step, one entry a library run of the tiny MLP."""
+
+
+def timed_hooks(callback: Callback, steps: int) -> Any:
+    """Wrap ``callback``'s own hooks (those it overrides) with timers; the returned
+    function appends their microseconds a step to ``HOOK_US``."""
+    spent = [0.0]
+    for name in dir(type(callback)):
+        if name.startswith("on_") and getattr(type(callback), name) is not getattr(Callback, name):
+            hook = getattr(callback, name)
+
+            def timed(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return _hook(*args, **kwargs)
+                finally:
+                    spent[0] += time.perf_counter() - start
+
+            setattr(callback, name, timed)
+    return lambda: HOOK_US.append(1e6 * spent[0] / steps)
+
+
 def tiny_ms_per_step(with_library: bool, batch: int, steps: int, warmup: int) -> float:
     """The tiny MLP's median step: ``ExactResume`` + ``StepLoader``, or a plain Trainer
     with a shuffled ``DataLoader`` (both shuffle)."""
     stamps = _Stamps()
     callbacks: list[Callback] = [stamps]
     loader: Any
+    done = None
     if with_library:
         loader = StepLoader(_tiny_rows(), batch, seed=0)
-        callbacks.append(ExactResume())
+        exact = ExactResume()
+        done = timed_hooks(exact, steps)
+        callbacks.append(exact)
     else:
         loader = DataLoader(_tiny_rows(), batch, shuffle=True, drop_last=True)
     trainer = pl.Trainer(
@@ -144,14 +172,16 @@ def tiny_ms_per_step(with_library: bool, batch: int, steps: int, warmup: int) ->
         callbacks=callbacks,
     )
     trainer.fit(_TinyMLP(), train_dataloaders=loader)
+    if done is not None:
+        done()
     spans = [
         b - a for a, b in zip(stamps.starts[warmup:], stamps.starts[warmup + 1 :], strict=False)
     ]
     return 1000 * statistics.median(spans)
 
 
-def batch_ms(keyed: bool, batch: int, workers: int, batches: int = 60) -> float:
-    """Milliseconds a batch, iterating ``batches`` batches (after 5 unmeasured) of a
+def batch_ms(keyed: bool, batch: int, workers: int, batches: int = 200) -> float:
+    """Milliseconds a batch, the median of ``batches`` batches (after 5 unmeasured) of a
     ``StepLoader`` as a fit reads it (no RNG states put back: ``ExactResume`` sets them at
     each step's start) or a shuffled ``DataLoader``."""
     loader: Any
@@ -166,10 +196,12 @@ def batch_ms(keyed: bool, batch: int, workers: int, batches: int = 60) -> float:
     iterator = iter(loader)
     for _ in range(5):
         next(iterator)
-    start = time.perf_counter()
+    spans = []
     for _ in range(batches):
+        start = time.perf_counter()
         next(iterator)
-    return 1000 * (time.perf_counter() - start) / batches
+        spans.append(time.perf_counter() - start)
+    return 1000 * statistics.median(spans)
 
 
 def paired(measure: Any, repeats: int) -> tuple[float, float, float, float, float]:
@@ -193,23 +225,35 @@ def paired(measure: Any, repeats: int) -> tuple[float, float, float, float, floa
 
 def tiny_rows(args: argparse.Namespace) -> None:
     """The tiny MLP's rows of ``make bench``: the exact path's cost where a step is short."""
+    hooks = {}
     for batch in (8, 256):
+        HOOK_US.clear()
         plain, library, ratio, low, high = paired(
             lambda flag, b=batch: tiny_ms_per_step(flag, b, args.tiny_steps, 30), args.repeats
         )
+        hooks[batch] = statistics.median(HOOK_US)
         print(
             f"tiny MLP, batch {batch}: ExactResume + StepLoader {library:.3f} / plain Trainer + "
-            f"DataLoader {plain:.3f} ms/step: host work {1000 * (library - plain):+.0f} us a "
-            f"step (target <= 50 at batch 8), ratio {ratio:.3f} (median of {args.repeats} "
-            f"interleaved pairs, range {low:.3f}-{high:.3f})"
+            f"DataLoader {plain:.3f} ms/step: {1000 * (library - plain):+.0f} us a step, "
+            f"ratio {ratio:.3f} (median of {args.repeats} interleaved pairs, range "
+            f"{low:.3f}-{high:.3f}); ExactResume's hooks {hooks[batch]:.0f} us a step, timed "
+            "in the library's runs"
         )
+    plain, library, ratio, low, high = paired(lambda flag: batch_ms(flag, 8, 0), args.repeats)
+    print(
+        f"a batch of 8 rows, this process: StepLoader {1000 * library:.0f} / DataLoader "
+        f"{1000 * plain:.0f} us (median batch, {args.repeats} pairs); the exact path's host "
+        f"work at batch 8, hooks and batch: {hooks[8] + 1000 * (library - plain):.0f} us a "
+        "step (target <= 50)"
+    )
     for workers in (0, 2):
         plain, library, ratio, low, high = paired(
             lambda flag, w=workers: batch_ms(flag, 256, w), args.repeats
         )
         print(
             f"a batch of 256 rows, {workers} workers: StepLoader {library:.3f} / DataLoader "
-            f"{plain:.3f} ms, ratio {ratio:.2f} (target <= 1.5; range {low:.2f}-{high:.2f})"
+            f"{plain:.3f} ms (median batch), ratio {ratio:.2f} (median of {args.repeats} "
+            f"pairs, range {low:.2f}-{high:.2f}; target <= 1.5)"
         )
 
 
@@ -221,8 +265,8 @@ def rng_work_us(rows: int, steps: int = 2000) -> tuple[float, float]:
         collect_rng_states()
 
     def per_step_seeds() -> None:  # under ExactResume: the rows' reads keep no states
-        for slot in range(rows):
-            seed_all(derive(5, ROW, 7, slot))
+        for shard in range(default_shards(rows)):
+            seed_all(derive(5, ROW, 7, shard))
         seed_all(derive(0, STEP, 7, 0, 0))
         seed_all(derive(0, BETWEEN, 8, 0, 0))
 
