@@ -82,6 +82,15 @@ def ms_per_step(with_library: bool, steps: int, warmup: int) -> float:
         loader = DataLoader(
             data.loader.dataset, data.config.batch_size, shuffle=False, collate_fn=collate_rows
         )
+    return _fit_ms(module, loader, callbacks, steps, warmup)
+
+
+def _fit_ms(
+    module: pl.LightningModule, loader: Any, callbacks: list[Callback], steps: int, warmup: int
+) -> float:
+    """A bare Trainer's fit (no logger, files or validation); its median step after the
+    warm-up, in ms, from the ``_Stamps`` among ``callbacks``."""
+    stamps = next(c for c in callbacks if isinstance(c, _Stamps))
     trainer = pl.Trainer(
         max_steps=steps,
         accelerator="cpu",
@@ -161,23 +170,10 @@ def tiny_ms_per_step(with_library: bool, batch: int, steps: int, warmup: int) ->
         callbacks.append(exact)
     else:
         loader = DataLoader(_tiny_rows(), batch, shuffle=True, drop_last=True)
-    trainer = pl.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
-    trainer.fit(_TinyMLP(), train_dataloaders=loader)
+    ms = _fit_ms(_TinyMLP(), loader, callbacks, steps, warmup)
     if done is not None:
         done()
-    spans = [
-        b - a for a, b in zip(stamps.starts[warmup:], stamps.starts[warmup + 1 :], strict=False)
-    ]
-    return 1000 * statistics.median(spans)
+    return ms
 
 
 def batch_ms(keyed: bool, batch: int, workers: int, batches: int = 200) -> float:
