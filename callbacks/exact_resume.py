@@ -9,14 +9,19 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import lightning
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from lit_spikes.callbacks.between_steps import draws_between_steps
 from lit_spikes.callbacks.common import step_validates
+from lit_spikes.callbacks.fingerprint import (
+    CUBLAS_WORKSPACE,
+    fingerprint,
+    fingerprint_differences,
+)
 from lit_spikes.callbacks.isolated_validation import isolate_validations
 from lit_spikes.callbacks.loader_positions import (
     LoaderGenerators,
@@ -49,84 +54,6 @@ from lit_spikes.stacklevel import outside_lightning
 
 STATE_KEY = "ExactResume{}"
 """Where a checkpoint holds ExactResume's state (``checkpoint["callbacks"][STATE_KEY]``)."""
-CUBLAS_WORKSPACE = ":4096:8"
-"""``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS (PyTorch's reproducibility notes)."""
-
-
-def flush_denormal_enabled() -> bool:
-    """Whether this thread flushes subnormal floats: the smallest normal float32 halved
-    is subnormal, and comes out as zero when they are flushed."""
-    tiny = torch.tensor(torch.finfo(torch.float32).tiny, dtype=torch.float32)
-    return bool((tiny / 2) == 0)
-
-
-def deterministic_settings() -> dict[str, Any]:
-    """The switches that make kernels deterministic, as this process has them."""
-    return {
-        "algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-    }
-
-
-def gradient_clipping(trainer: pl.Trainer | None) -> dict[str, Any] | None:
-    """The Trainer's gradient clipping as a fingerprint records it: None for none (no
-    ``gradient_clip_val``, or 0), else its value and algorithm (Lightning's default: norm)."""
-    value = getattr(trainer, "gradient_clip_val", None) if trainer is not None else None
-    if not value:
-        return None
-    algorithm = getattr(trainer, "gradient_clip_algorithm", None)
-    return {"value": float(value), "algorithm": str(getattr(algorithm, "value", "norm"))}
-
-
-def software_fingerprint() -> dict[str, str]:
-    """The versions and CPU kernels a step's numerics depend on, in this process."""
-    return {
-        "torch": str(torch.__version__),
-        "lightning": str(lightning.__version__),
-        # The SIMD kernels torch picked (AVX2, AVX512, ...): they round differently, so
-        # the same run on another CPU family is another (equally exact) trajectory.
-        "cpu": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def _scaler_name(trainer: pl.Trainer | None) -> str | None:
-    scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
-    return type(scaler).__name__ if scaler is not None else None
-
-
-def fingerprint(trainer: pl.Trainer | None) -> dict[str, Any]:
-    """What decides the numerics of a step, beyond the checkpointed state."""
-    device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-    return {
-        **software_fingerprint(),
-        "num_threads": torch.get_num_threads(),
-        "flush_denormal": flush_denormal_enabled(),
-        "device": device.type,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "world_size": trainer.world_size if trainer is not None else 1,
-        "precision": str(trainer.precision) if trainer is not None else "32-true",
-        # Its state (scale, growth tracker) Lightning saves itself, with the precision plugin.
-        "grad_scaler": _scaler_name(trainer),
-        "deterministic": deterministic_settings(),
-        "gradient_clip": gradient_clipping(trainer),
-    }
-
-
-def differing_entries(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    """The entries two fingerprints both hold, with other values (sorted)."""
-    return [key for key in sorted(set(saved) & set(here)) if saved[key] != here[key]]
-
-
-def fingerprint_differences(saved: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    """``"<key>: checkpoint <a>, now <b>"`` for each setting that differs. Clipping added
-    where the checkpoint's run had none is not one: that is the clipping remedy."""
-    return [
-        f"{key}: checkpoint {saved[key]!r}, now {here[key]!r}"
-        for key in differing_entries(saved, here)
-        if not (key == "gradient_clip" and saved[key] is None)
-    ]
 
 
 def saved_fingerprint(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +205,9 @@ class ExactResume(Callback):
         self._unisolate: Callable[[], None] = lambda: None
         self._unrebuild: Callable[[], None] = lambda: None
         self._loader_generators = LoaderGenerators()
+        self._between = True
+        """Key what runs between two steps (``draws_between_steps``), set at each epoch."""
+        self._step_loaders: list[StepLoader] = []
 
     @property
     @override
@@ -291,7 +221,7 @@ class ExactResume(Callback):
         self._gens, self._first_step_ended = ModuleGenerators(), False
         self._step_end, self._replay, self._metrics = StepEnd(), None, {}
         self._unsaid, self._loader_generators = False, LoaderGenerators()
-        self._catch_up = PlateauCatchUp()
+        self._catch_up, self._between, self._step_loaders = PlateauCatchUp(), True, []
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
             torch.use_deterministic_algorithms(True)
@@ -348,8 +278,10 @@ class ExactResume(Callback):
             seed_all(derive(seed, domain, *key, rank))
             return
         seed_all(derive_in(self._run_seed(), domain, *key, rank))
-        self._module_generators()
-        self._gens.seed(domain, *key, rank)
+        if self._gens.found is None:
+            self._module_generators()
+        if self._gens.found:
+            self._gens.seed(domain, *key, rank)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -436,6 +368,7 @@ class ExactResume(Callback):
             refuse_a_second_fit(trainer)
         check_one_batch_per_step(trainer, pl_module)
         self._seek(trainer)
+        self._read_loaders(trainer, pl_module)
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
         for text in position_warnings(trainer) if resumed else []:
             warnings.warn(text, stacklevel=outside_lightning())
@@ -497,6 +430,15 @@ class ExactResume(Callback):
         # the epoch, not by what ran before.
         self._gens.rescan(pl_module, f"at epoch {trainer.current_epoch}'s start", first=False)
         self._seed_epoch(trainer.current_epoch)
+        self._read_loaders(trainer, pl_module)
+
+    def _read_loaders(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The fit's StepLoaders (each step checks their position) and whether anything
+        draws between two steps, at the fit's start and each epoch's (a loader may be
+        built anew for an epoch)."""
+        loaders = train_loaders(trainer)
+        self._step_loaders = [loader for loader in loaders if isinstance(loader, StepLoader)]
+        self._between = draws_between_steps(trainer, pl_module, loaders)
 
     def _seed_epoch(self, epoch: int) -> None:
         """The process's RNGs, the module's generators and the plain train loaders' own
@@ -510,19 +452,20 @@ class ExactResume(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        for loader in train_loaders(trainer):
-            if isinstance(loader, StepLoader) and loader.next_step != trainer.global_step + 1:
+        step = trainer.global_step
+        for loader in self._step_loaders:
+            if loader.next_step != step + 1:
                 raise RuntimeError(
                     f"the StepLoader delivered the batch of step {loader.next_step - 1} at "
-                    f"global step {trainer.global_step}: the global step does not advance by "
+                    f"global step {step}: the global step does not advance by "
                     "one per batch here (an epoch ended early by on_train_batch_start "
                     "returning -1, several optimizer steps per batch under manual "
                     "optimization, or the loader iterated outside the fit). StepLoader "
                     "serves the batch of each global step: advance it once per batch"
                 )
         self._check_after_file(pl_module)
-        self._step_end.batch_started(trainer)  # the previous step's end ran
-        self._seed_for(STEP, trainer.global_step, batch_idx % trainer.accumulate_grad_batches)
+        self._step_end.batch_started(trainer, step)  # the previous step's end ran
+        self._seed_for(STEP, step, batch_idx % trainer.accumulate_grad_batches)
 
     @override
     def on_train_batch_end(
@@ -533,11 +476,12 @@ class ExactResume(Callback):
             self._first_step_ended = True
             where = f"at the end of the fit's first batch, global step {trainer.global_step}"
             self._gens.rescan(pl_module, where, first=True)
-        # What runs from here to the next step's start (the module's own hook, a
-        # checkpoint, a validation's loader) draws from a stream of this step's key: the
-        # same whatever watches the run, and the next step starts from its own anyway.
-        micro = batch_idx % trainer.accumulate_grad_batches
-        self._seed_for(BETWEEN, trainer.global_step, micro)
+        # What runs from here to the next step's start (the module's own hook, a plain
+        # loader's next batch) draws from a stream of this step's key: the same whatever
+        # watches the run, and the next step starts from its own anyway.
+        if self._between:
+            micro = batch_idx % trainer.accumulate_grad_batches
+            self._seed_for(BETWEEN, trainer.global_step, micro)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

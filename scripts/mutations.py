@@ -41,6 +41,7 @@ EXACT = "tests/library/callbacks/test_exact_resume.py::"
 LR = "tests/library/callbacks/test_lr_scaler.py::"
 LOADER = "tests/library/test_loader.py::"
 SHARDS = "tests/library/test_loader_shards.py::"
+BETWEEN_STEPS = "tests/library/test_between_steps.py::"
 BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
@@ -98,8 +99,7 @@ MUTATIONS = [
     Mutation(
         "no_per_step_seed",  # a step draws on from whatever ran before it (issue 53)
         "callbacks/exact_resume.py",
-        "        self._seed_for(STEP, trainer.global_step, batch_idx"
-        " % trainer.accumulate_grad_batches)\n",
+        "        self._seed_for(STEP, step, batch_idx % trainer.accumulate_grad_batches)\n",
         "        pass\n",
         (  # (a StepLoader read in this process keys the state its step starts from too)
             INVARIANCE + "test_watching_a_run_does_not_change_it",
@@ -114,6 +114,17 @@ MUTATIONS = [
         (
             LOADER + "test_augmentation_is_keyed_by_position_and_shard_whoever_reads_it",
             INVARIANCE + "test_every_file_resumes_the_run_nothing_watched",
+        ),
+    ),
+    Mutation(
+        "between_never_keyed",  # a watcher's draws after a step reach what runs there
+        "callbacks/exact_resume.py",
+        "        self._between = draws_between_steps(trainer, pl_module, loaders)\n",
+        "        self._between = False\n",
+        (
+            BETWEEN_STEPS
+            + "test_a_watcher_drawing_after_a_step_leaves_the_modules_own_draws_there",
+            BETWEEN_STEPS + "test_a_watcher_drawing_after_a_step_leaves_a_plain_loaders_next_read",
         ),
     ),
     Mutation(
@@ -247,7 +258,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fingerprint_without_threads",
-        "callbacks/exact_resume.py",
+        "callbacks/fingerprint.py",
         '        "num_threads": torch.get_num_threads(),\n',
         "",
         (EXACT + "test_a_users_resume_under_other_threads_or_subnormal_flushing_warns",),

@@ -236,7 +236,7 @@ def _resume_in_new_process(plan: Plan, root: Path, ckpt_path: Path) -> Record:
     spec, out = root / "resume-spec.pkl", root / "resumed-record.pt"
     # The process settings a step's numerics depend on, as here (what the user's own
     # script would set again): threads and subnormal flushing.
-    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+    from lit_spikes.callbacks.fingerprint import flush_denormal_enabled
 
     settings = {"num_threads": torch.get_num_threads(), "flush_denormal": flush_denormal_enabled()}
     spec.write_bytes(pickle.dumps((plan, ckpt_path, settings)))

@@ -339,7 +339,7 @@ def test_fingerprint_difference_warns(tmp_path: Path, key: str, saved: object) -
 def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
     """The module's ``flush_denormal`` is what the training thread does, and what its
     checkpoints record."""
-    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+    from lit_spikes.callbacks.fingerprint import flush_denormal_enabled
     from lit_spikes.demo.module import TinyGPTModule, set_flush_denormal
 
     seen: list[bool] = []
@@ -364,7 +364,7 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
 
 
 def test_flush_denormal_enabled_reads_the_thread_state() -> None:
-    from lit_spikes.callbacks.exact_resume import flush_denormal_enabled
+    from lit_spikes.callbacks.fingerprint import flush_denormal_enabled
     from lit_spikes.demo.module import set_flush_denormal
 
     before = flush_denormal_enabled()

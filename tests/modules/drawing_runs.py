@@ -119,6 +119,27 @@ class GeneratorNet(DrawingNet):
         super().validation_step(batch, batch_idx)
 
 
+class EndDrawingNet(DrawingNet):
+    """Keeps a draw of its own ``on_train_batch_end`` in a buffer: what runs between two
+    steps changes its state."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.hook_draws += torch.rand(())
+
+
+class QuietEndNet(DrawingNet):
+    """``DrawingNet`` without an ``on_train_batch_end`` of its own."""
+
+    on_train_batch_end = pl.LightningModule.on_train_batch_end  # type: ignore[assignment]
+
+
+class DrawingWatcher(Callback):
+    """Draws from torch's, NumPy's and Python's RNG after each step (a sampled metric)."""
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        torch.rand(5), np.random.rand(2), random.random()
+
+
 class DrawingData(pl.LightningDataModule):
     """``NoisyRows`` through a ``StepLoader`` for training, and a validation loader: what
     ``lit-spikes fit --data`` takes."""
@@ -195,6 +216,8 @@ class Watch:
     loader_generator: bool = False
     """The plain augmenting loader draws from a ``torch.Generator`` of its own (the
     workers' base seed, a shuffle's order), seeded by the user."""
+    drawing_watcher: bool = False
+    """A ``DrawingWatcher`` listed before ExactResume."""
     shards: int | None = None
     """The StepLoader's shards (None: its default, one shard at batch 8)."""
     sigterm_at: int | None = None
@@ -224,6 +247,8 @@ def fit_drawing(
 ) -> Ended:
     pl.seed_everything(0, verbose=False)
     callbacks: list[Callback] = [ExactResume()]
+    if watch.drawing_watcher:
+        callbacks.insert(0, DrawingWatcher())
     if watch.every:
         callbacks.append(
             ModelCheckpoint(

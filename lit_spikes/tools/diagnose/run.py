@@ -8,11 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lit_spikes.callbacks.exact_resume import (
-    clipping_from_checkpoint,
-    saved_fingerprint,
-    software_fingerprint,
-)
+from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint, saved_fingerprint
+from lit_spikes.callbacks.fingerprint import software_fingerprint
 from lit_spikes.tools.defaults import flat_config, plain_config
 from lit_spikes.tools.diagnose import explain
 from lit_spikes.tools.diagnose.config import DiagnoseConfig

@@ -10,11 +10,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lit_spikes.callbacks.exact_resume import (
-    differing_entries,
-    fingerprint,
-    saved_fingerprint,
-)
+from lit_spikes.callbacks.exact_resume import saved_fingerprint
+from lit_spikes.callbacks.fingerprint import differing_entries, fingerprint
 
 FINGERPRINT_NAMES = {
     "precision": "--trainer.precision",
