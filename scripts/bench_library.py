@@ -156,14 +156,24 @@ def timed_hooks(callback: Callback, steps: int) -> Any:
     return lambda: HOOK_US.append(1e6 * spent[0] / steps)
 
 
-def tiny_ms_per_step(with_library: bool, batch: int, steps: int, warmup: int) -> float:
+class _Empty(Callback):
+    """Overrides nothing: what a step's difference says of a callback that does nothing."""
+
+
+def tiny_ms_per_step(
+    with_library: bool, batch: int, steps: int, warmup: int, control: bool = False
+) -> float:
     """The tiny MLP's median step: ``ExactResume`` + ``StepLoader``, or a plain Trainer
-    with a shuffled ``DataLoader`` (both shuffle)."""
+    with a shuffled ``DataLoader`` (both shuffle); ``control``: the plain Trainer with an
+    empty callback instead of the library."""
     stamps = _Stamps()
     callbacks: list[Callback] = [stamps]
     loader: Any
     done = None
-    if with_library:
+    if with_library and control:
+        loader = DataLoader(_tiny_rows(), batch, shuffle=True, drop_last=True)
+        callbacks.append(_Empty())
+    elif with_library:
         loader = StepLoader(_tiny_rows(), batch, seed=0)
         exact = ExactResume()
         done = timed_hooks(exact, steps)
@@ -235,6 +245,15 @@ def tiny_rows(args: argparse.Namespace) -> None:
             f"{low:.3f}-{high:.3f}); ExactResume's hooks {hooks[batch]:.0f} us a step, timed "
             "in the library's runs"
         )
+    plain, empty, ratio, low, high = paired(
+        lambda flag: tiny_ms_per_step(flag, 8, args.tiny_steps, 30, control=True), args.repeats
+    )
+    print(
+        f"control, tiny MLP, batch 8: a plain Trainer with an empty callback {empty:.3f} / "
+        f"without {plain:.3f} ms/step: {1000 * (empty - plain):+.0f} us a step, ratio "
+        f"{ratio:.3f} (range {low:.3f}-{high:.3f}): how far a step's difference moves here "
+        "with nothing to measure"
+    )
     plain, library, ratio, low, high = paired(lambda flag: batch_ms(flag, 8, 0), args.repeats)
     print(
         f"a batch of 8 rows, this process: StepLoader {1000 * library:.0f} / DataLoader "
