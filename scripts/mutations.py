@@ -103,7 +103,7 @@ MUTATIONS = [
         "        pass\n",
         (  # (a StepLoader read in this process keys the state its step starts from too)
             INVARIANCE + "test_watching_a_run_does_not_change_it",
-            INVARIANCE + "test_watching_a_run_on_a_plain_dataloader_does_not_change_it",
+            INVARIANCE + "test_every_file_resumes_the_run_nothing_watched",
         ),
     ),
     Mutation(
