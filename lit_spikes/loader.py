@@ -123,6 +123,21 @@ def default_shards(batch_size: int) -> int:
     return shards
 
 
+def check_shards(shards: int, batch_size: int) -> int:
+    """``shards``, checked to cut a global batch of ``batch_size`` rows into equal shards;
+    else a ValueError naming it and a count that does."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards={shards!r} must be an integer >= 1")
+    if batch_size % shards:
+        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        near = min(divisors, key=lambda d: (abs(d - shards), d))
+        raise ValueError(
+            f"shards={shards} must divide batch_size={batch_size} (equal shards of the "
+            f"global batch), e.g. shards={near}"
+        )
+    return shards
+
+
 ShardRead = tuple[int, int, list[int], int]
 """(data position, shard of the global batch, dataset indices from the shard's first row
 to the reader's last, how many of them lead up to the reader's own rows)."""
@@ -256,16 +271,7 @@ class StepLoader:
             raise ValueError(f"shuffle={shuffle!r} must be True or False")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-        shards = default_shards(batch_size) if shards is None else shards
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards={shards!r} must be an integer >= 1")
-        if batch_size % shards:
-            divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
-            near = min(divisors, key=lambda d: (abs(d - shards), d))
-            raise ValueError(
-                f"shards={shards} must divide batch_size={batch_size} (equal shards of the "
-                f"global batch), e.g. shards={near}"
-            )
+        shards = check_shards(default_shards(batch_size) if shards is None else shards, batch_size)
         rows = len(dataset)
         if rows < batch_size:
             raise ValueError(

@@ -168,3 +168,37 @@ def test_the_checks_see_a_crossing_and_a_circle() -> None:
         f"lit_spikes.tools.cli -> lit_spikes.demo.data (a tool past the seam {SEAM})",
     ]
     assert circles(graph) == [["lit_spikes.tools.cli", "lit_spikes.tools.fit_cli"]]
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
+"""Issue 63: files under 600 lines, functions under 80 (60 is a warning sign)."""
+
+
+def too_long(path: Path, text: str) -> list[str]:
+    """What of a source file is over the limits: the file, or a function by name."""
+    lines = text.count("\n") + 1
+    found = [f"{path}: {lines} lines"] if lines > MAX_FILE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{path}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_files_and_functions_stay_short() -> None:
+    found = [
+        problem
+        for path in source_modules(ROOT).values()
+        for problem in too_long(path.relative_to(ROOT), path.read_text())
+    ]
+    assert found == []
+
+
+def test_the_size_check_sees_a_long_function_and_file() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    text = "def long():\n" + body + "\n" * MAX_FILE_LINES
+    assert too_long(Path("m.py"), text) == [
+        f"m.py: {MAX_FUNCTION_LINES + MAX_FILE_LINES + 2} lines",
+        f"m.py:1 long: {MAX_FUNCTION_LINES + 1} lines",
+    ]

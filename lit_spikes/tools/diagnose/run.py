@@ -83,17 +83,10 @@ def diagnose(
     ckpt_path = Path(ckpt_path)
     checkpoint = reads(ckpt_path)
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
-    end = run_end(ckpt_path, checkpoint)
-    if end is not None and spike_step >= end[0]:
-        raise ValueError(
-            f"spike_step={spike_step} is past the run's end: it trains steps up to "
-            f"{end[0] - 1} ({end[1]}); give a step of the run"
-        )
+    end = _end_after(ckpt_path, checkpoint, spike_step)
     subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
     judge = judge_of(config.detector, checkpoint)
-    trainer_kwargs = {**recorded_trainer(ckpt_path), **(trainer_kwargs or {})}
-    if "gradient_clip_val" not in trainer_kwargs:
-        trainer_kwargs |= clipping_from_checkpoint(checkpoint)
+    trainer_kwargs = _replayed_trainer(ckpt_path, checkpoint, trainer_kwargs)
     tags = _loss_tags(config, judge)
     original, tag = original_loss, None
     if original is None:
@@ -107,14 +100,44 @@ def diagnose(
         replayer.logged = logged_curve(ckpt_path.parent.parent, tags)[1]
         verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
     # After replay (a)'s line, which stays the first
+    verdict.evidence[1:1] = _notes(judge, tag, spike_step + config.horizon + 1, end)
+    return verdict
+
+
+def _end_after(
+    ckpt_path: Path, checkpoint: dict[str, Any], spike_step: int
+) -> tuple[int, str] | None:
+    """The run's end (``run_end``), checked to come after ``spike_step``."""
+    end = run_end(ckpt_path, checkpoint)
+    if end is not None and spike_step >= end[0]:
+        raise ValueError(
+            f"spike_step={spike_step} is past the run's end: it trains steps up to "
+            f"{end[0] - 1} ({end[1]}); give a step of the run"
+        )
+    return end
+
+
+def _replayed_trainer(
+    ckpt_path: Path, checkpoint: dict[str, Any], given: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The Trainer arguments the replays run with: the run's recorded ones, ``given`` over
+    them, and the checkpoint's gradient clipping unless ``given`` sets it."""
+    trainer_kwargs = {**recorded_trainer(ckpt_path), **(given or {})}
+    if "gradient_clip_val" not in trainer_kwargs:
+        trainer_kwargs |= clipping_from_checkpoint(checkpoint)
+    return trainer_kwargs
+
+
+def _notes(
+    judge: Judge, tag: str | None, replayed_to: int, end: tuple[int, str] | None
+) -> list[str]:
+    """The verdict's notes on how it was judged and how far the replays went."""
     notes = [f"Judged by {judge.source}."]
     if tag is not None:
         notes.append(f"The original loss is the run's TensorBoard tag {tag!r}.")
-    replayed_to = spike_step + config.horizon + 1
     if end is not None and end[0] < replayed_to:
         notes.append(f"Replays end at step {end[0]}, the run's end ({end[1]}), not {replayed_to}.")
-    verdict.evidence[1:1] = notes
-    return verdict
+    return notes
 
 
 def _loss_tags(config: DiagnoseConfig, judge: Judge) -> tuple[str, ...]:
