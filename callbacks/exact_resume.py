@@ -367,8 +367,7 @@ class ExactResume(Callback):
         if trainer.global_step > 0 and not self._loaded:
             refuse_a_second_fit(trainer)
         check_one_batch_per_step(trainer, pl_module)
-        self._seek(trainer)
-        self._read_loaders(trainer, pl_module)
+        self._take_loaders(trainer, pl_module)
         resumed = trainer.ckpt_path is not None and trainer.global_step > 0
         for text in position_warnings(trainer) if resumed else []:
             warnings.warn(text, stacklevel=outside_lightning())
@@ -413,32 +412,28 @@ class ExactResume(Callback):
                 stacklevel=outside_lightning(),
             )
 
-    @staticmethod
-    def _seek(trainer: pl.Trainer) -> None:
-        for loader in train_loaders(trainer):
-            if isinstance(loader, StepLoader):  # no batch was fetched yet: it has a length
-                loader.seek(trainer.global_step)
-                loader.restores_rng = False  # each step's start sets the RNGs anyway
+    def _take_loaders(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """At the fit's start and each epoch's (a loader may be built anew for an epoch,
+        reload_dataloaders_every_n_epochs): seek the StepLoaders to the global step, keep
+        them (each step checks their position), and see whether anything draws between
+        two steps."""
+        loaders = train_loaders(trainer)
+        self._step_loaders = [loader for loader in loaders if isinstance(loader, StepLoader)]
+        for loader in self._step_loaders:  # no batch was fetched yet: it has a length
+            loader.seek(trainer.global_step)
+            loader.restores_rng = False  # each step's start sets the RNGs anyway
+        self._between = draws_between_steps(trainer, pl_module, loaders)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._step_end.closed(trainer)  # the last epoch's end ran
         self._catch_up.make_up(trainer)
-        self._seek(trainer)  # a loader built anew for the epoch (reload_dataloaders_every_n)
+        self._take_loaders(trainer, pl_module)
         # A DataLoader draws its workers' seeds and a shuffle's order from torch's RNG (or
         # its own generator) right after this hook (from the second epoch on): keyed by
         # the epoch, not by what ran before.
         self._gens.rescan(pl_module, f"at epoch {trainer.current_epoch}'s start", first=False)
         self._seed_epoch(trainer.current_epoch)
-        self._read_loaders(trainer, pl_module)
-
-    def _read_loaders(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The fit's StepLoaders (each step checks their position) and whether anything
-        draws between two steps, at the fit's start and each epoch's (a loader may be
-        built anew for an epoch)."""
-        loaders = train_loaders(trainer)
-        self._step_loaders = [loader for loader in loaders if isinstance(loader, StepLoader)]
-        self._between = draws_between_steps(trainer, pl_module, loaders)
 
     def _seed_epoch(self, epoch: int) -> None:
         """The process's RNGs, the module's generators and the plain train loaders' own

@@ -171,8 +171,8 @@ MUTATIONS = [
     Mutation(
         "exact_resume_seek_does_nothing",
         "callbacks/exact_resume.py",
-        "                loader.seek(trainer.global_step)\n",
-        "                pass\n",
+        "            loader.seek(trainer.global_step)\n",
+        "            pass\n",
         (
             LOADER + "test_a_loader_built_anew_each_epoch_goes_on_at_the_global_step",
             EXACT + "test_a_crash_checkpoint_resumes_the_step_that_failed",
