@@ -2,14 +2,17 @@
 
 The library: ``StepLoader`` (here) and the callbacks in ``lit_spikes.callbacks``; the
 demo's tiny GPT and world, and the tools (recover, diagnose, check-resume), sit on top.
+What the tools read of a module: ``ToolFacts`` (docs/tool-facts.md).
 """
 
 from typing import TYPE_CHECKING, Any
 
+from lit_spikes.tool_facts import Column, SpikeToolsModule, ToolFacts, facts_of
+
 if TYPE_CHECKING:
     from lit_spikes.loader import StepLoader
 
-__all__ = ["StepLoader"]
+__all__ = ["Column", "SpikeToolsModule", "StepLoader", "ToolFacts", "facts_of"]
 
 
 def __getattr__(name: str) -> Any:

@@ -52,6 +52,7 @@ CHECKPOINTS = "tests/library/test_checkpoints.py::"
 RETENTION = "tests/library/callbacks/test_retention.py::"
 EVERY_FILE = "tests/library/test_every_file.py::"
 CHECK = "tests/library/testing/test_check.py::"
+FACTS = "tests/tools/test_tool_facts.py::"
 GUARANTEE_RUNS, GUARANTEE_MODULES = (
     "tests/modules/guarantee_runs.py",
     "tests/modules/guarantee_modules.py",
@@ -575,6 +576,27 @@ MUTATIONS = [
         (
             "tests/library/test_checkpoints.py::test_a_disk_filling_inside_torchs_zip_writer_is_the_write_error",
             "tests/tools/test_persistence.py::test_a_disk_that_fills_inside_torchs_writer_is_one_line_and_exit_74",
+        ),
+    ),
+    Mutation(
+        "module_rule_ignored",  # the tools judge every module by the detector's own rule
+        "lit_spikes/tools/detector_config.py",
+        "            rule |= {k: v for k, v in facts.detector.items() if rule.get(k) is None}\n",
+        "",
+        (
+            FACTS + "test_recover_takes_the_run_length_rule_and_warmup_from_the_modules_facts",
+            FACTS + "test_diagnose_judges_by_the_modules_rule_where_none_is_given",
+            DETECTOR + "test_recover_and_diagnose_judge_a_users_module_by_the_scale_free_default",
+        ),
+    ),
+    Mutation(
+        "demo_columns_for_every_module",  # recover's table shows the demo's columns, n/a
+        "lit_spikes/tools/recover/report.py",
+        '    if "cells" in row:\n',
+        '    if "cells" in row and False:\n',
+        (
+            FACTS + "test_the_comparison_shows_the_modules_columns_and_direction_only",
+            FACTS + "test_a_module_that_states_nothing_gets_no_demo_column_or_rule",
         ),
     ),
 ]

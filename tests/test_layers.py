@@ -39,6 +39,7 @@ LIBRARY = (
     "lit_spikes.file_digest",
     "lit_spikes.randomness",
     "lit_spikes.stacklevel",
+    "lit_spikes.tool_facts",
 )
 
 

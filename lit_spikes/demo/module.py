@@ -32,6 +32,7 @@ from lit_spikes.demo.setup_checks import (
     check_training_setup,
 )
 from lit_spikes.demo.step_records import MaskedStep, Row, StepRecords
+from lit_spikes.tool_facts import Column, ToolFacts
 
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
@@ -40,6 +41,12 @@ LOGGED_AS = {"loss": "train/loss", "max_logit": "train/max_logit", "position": "
 """TensorBoard tag of each per-step record key (the others are logged under their own)."""
 STEP_SCALARS = ("loss", "max_logit", "lr", "grad_norm", "position")
 """The per-step ``history`` keys the module logs at every step, as ``LOGGED_AS`` tags them."""
+
+DETECTOR_RULE = {"ratio": 1.4, "window": 20}
+"""The demo's spike rule: its spike at 1.65x the mean is caught, and its healthy steps
+stay below 1.4x (docs/detector.md)."""
+MAX_LOGIT_COLUMN = Column("max_logit", "max attn logit after 1st spike", digits=1)
+"""recover's comparison column of the largest attention logit after the first spike."""
 
 CHECKPOINT_KEY = "lit_spikes"
 """Top-level key of the module's checkpoint entry (model config, skipped steps)."""
@@ -238,6 +245,22 @@ class TinyGPTModule(pl.LightningModule):
         step's copies would cost 5% of a step. Both give the same weights."""
         self._restored_for_fit = False
         """Whether the fit now starting restored a checkpoint (its on_load_checkpoint ran)."""
+
+    @property
+    def tool_facts(self) -> ToolFacts:
+        """What the tools read of this module (``lit_spikes.SpikeToolsModule``): its
+        curves' tags, the demo's spike rule, validation bits/char (lower is better), the
+        run's end and warm-up from its LR schedule, the largest attention logit."""
+        return ToolFacts(
+            curves=LOGGED_AS,
+            detector=DETECTOR_RULE,
+            val_metric="val/bpc",
+            val_label="val bits/char",
+            val_mode="min",
+            run_steps=self.optim_config.max_steps,
+            warmup_steps=self.optim_config.warmup_steps,
+            columns=(MAX_LOGIT_COLUMN,),
+        )
 
     @property
     def history(self) -> list[dict[str, float]]:

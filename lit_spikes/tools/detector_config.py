@@ -5,40 +5,37 @@ replays judge spikes with, as a config dataclass (its fields are both commands'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lit_spikes.callbacks import SpikeDetector
-
-DEMO_RATIO, DEMO_WINDOW = 1.4, 20
-"""The demo's rule for the built-in model: its spike at 1.65x the mean is caught, and its
-healthy steps stay below 1.4x (docs/detector.md)."""
+from lit_spikes.tool_facts import ToolFacts
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
     """The ``SpikeDetector`` every branch runs (see its docstring for the meaning). Left
-    unset (None), window, warm-up and rule are the model's defaults: for the built-in model
-    its demo's rule (1.4x the mean of the last 20 steps), for another module the
-    detector's own, which fits a loss of any scale (``robust_z=8`` over 100 steps;
-    docs/detector.md)."""
+    unset (None), window, warm-up and rule are the module's (its ``ToolFacts.detector``:
+    the demo's 1.4x the mean of the last 20 steps), else the detector's own, which fits a
+    loss of any scale (``robust_z=8`` over 100 steps; docs/detector.md)."""
 
     monitor: tuple[str, ...] = ("loss",)
     """Logged metrics to watch (``self.log`` names, or the step's ``loss``)."""
     window: int | None = None
-    """Steps of the rolling window a value is compared with (None: the model's default,
-    20 for the built-in model's ratio, 100 for the robust rule)."""
+    """Steps of the rolling window a value is compared with (None: the module's rule's,
+    else the detector's: 20 for a ratio, 100 for the robust rule)."""
     warmup: int | None = None
     """Steps the window must hold before anything is flagged (None: the window)."""
     ratio: float | None = None
-    """Flag a value above this many times the window's mean (None: no ratio test; 1.4
-    for the built-in model when no test is set)."""
+    """Flag a value above this many times the window's mean (None: no ratio test, unless
+    no test is set and the module's rule has one: 1.4 for the built-in model)."""
     z_score: float | None = None
     """Flag a value this many standard deviations above the mean (None: no z test)."""
     robust_z: float | None = None
     """Flag a value this many MAD-based spreads above the median (None: no robust test;
     with no test at all, 8)."""
     min_step: int | None = None
-    """No flag before this global step (None: the end of the built-in model's LR warm-up;
-    0 for another model)."""
+    """No flag before this global step (None: the module's ``ToolFacts.warmup_steps``:
+    the end of the built-in model's LR warm-up, 0 for a module that states none)."""
 
     def __post_init__(self) -> None:
         monitor = self.monitor
@@ -47,29 +44,22 @@ class DetectorConfig:
         )
         if self.min_step is not None and self.min_step < 0:
             raise ValueError(f"DetectorConfig.min_step={self.min_step} must be >= 0 or None")
-        self.build(0)  # the detector's own checks, with its own messages
+        self.build()  # the detector's own checks, with its own messages
 
-    def build(self, default_min_step: int, builtin: bool = True) -> SpikeDetector:
-        """A detector that records spikes; stopping is the loop's gate's job. ``builtin``:
-        the run trains the built-in model, whose demo's rule the unset fields take."""
-        ratio, window = self.ratio, self.window
-        if builtin and ratio is None and self.z_score is None and self.robust_z is None:
-            ratio, window = DEMO_RATIO, DEMO_WINDOW if window is None else window
+    def build(self, facts: ToolFacts | None = None) -> SpikeDetector:
+        """A detector that records spikes; stopping is the loop's gate's job. ``facts``:
+        the module's (``lit_spikes.ToolFacts``): where no rule is set, its ``detector``
+        rule; where no ``min_step`` is, its warm-up; its curves' tags for the marks."""
+        facts = facts or ToolFacts()
+        rule: dict[str, Any] = {"window": self.window, "ratio": self.ratio}
+        rule |= {"z_score": self.z_score, "robust_z": self.robust_z}
+        if self.ratio is None and self.z_score is None and self.robust_z is None:
+            rule |= {k: v for k, v in facts.detector.items() if rule.get(k) is None}
         return SpikeDetector(
             monitor=self.monitor,
-            window=window,
             warmup=self.warmup,
-            ratio=ratio,
-            z_score=self.z_score,
-            robust_z=self.robust_z,
             action="log",
-            min_step=default_min_step if self.min_step is None else self.min_step,
-            curves=_demo_curves() if builtin else None,
+            min_step=facts.warmup_steps if self.min_step is None else self.min_step,
+            curves=dict(facts.curves) or None,
+            **rule,
         )
-
-
-def _demo_curves() -> dict[str, str]:
-    """The built-in model's tag of each record key: its spikes drawn on its own curves."""
-    from lit_spikes.tools.defaults import LOGGED_AS  # the seam; imported when built
-
-    return dict(LOGGED_AS)

@@ -6,6 +6,7 @@ class path on a command line) imports them by name.
   spikes there).
 - ``StepRegressionData(poison=...)``: the targets of the rows of some data positions are
   scaled (a data-caused spike: skipping those positions removes it).
+- ``FactRegressor``: states every ``ToolFacts`` the tools read (none the default).
 - ``FaultyRegressor``: a one-off fault (a weight corrupted once, as a flipped bit would) at
   a step, which a replay does not meet again (not reproducible).
 """
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lit_spikes import StepLoader
+from lit_spikes.tool_facts import Column, ToolFacts
 
 FEATURES = 8
 
@@ -241,3 +243,30 @@ class FaultyRegressor(JumpRegressor):
             self.fault_marker.write_text(f"fault at step {self.fault_step}\n")
             with torch.no_grad():
                 self.net[0].weight.mul_(self.fault_scale)
+
+
+class FactRegressor(JumpRegressor):
+    """``JumpRegressor`` that states its ``ToolFacts``, none of them the defaults: its loss
+    under its own tag, its own spike rule and warm-up, the run's end, a validation score
+    where higher is better, and the largest LR after the spike as an extra column."""
+
+    def __init__(self, run_steps: int = 60, warmup_steps: int = 12, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_steps, self.warmup_steps = run_steps, warmup_steps
+
+    @property
+    def tool_facts(self) -> ToolFacts:
+        return ToolFacts(
+            curves={"loss": "fit/loss"},
+            detector={"ratio": 4.0},
+            val_metric="val_score",
+            val_label="val score",
+            val_mode="max",
+            run_steps=self.run_steps,
+            warmup_steps=self.warmup_steps,
+            columns=(Column("lr", "largest LR after 1st spike", digits=2),),
+        )
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_score", -nn.functional.mse_loss(self.net(x), y))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from lit_spikes.callbacks import BatchSkipper, SpikeDetector
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.loader import positioned
+from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.subject import Subject
@@ -195,12 +196,17 @@ class Judge:
         return SpikeDetector(**{**self.settings, **changes, "min_step": 0})
 
 
-def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge:
-    """``config``'s detector; None: the run's own, the first ``SpikeDetector`` whose state
-    the checkpoint holds, rebuilt from its state key (which names its settings), else the
+def judge_of(
+    config: DetectorConfig | None,
+    checkpoint: dict[str, Any],
+    facts: Callable[[], ToolFacts] = ToolFacts,
+) -> Judge:
+    """``config``'s detector, with the module's rule (``facts``, read only if needed)
+    where it sets none; None: the run's own, the first ``SpikeDetector`` whose state the
+    checkpoint holds, rebuilt from its state key (which names its settings), else the
     default settings."""
     if config is not None:
-        detector = config.build(0, builtin="lit_spikes" in checkpoint)  # the demo's entry
+        detector = config.build(facts())
         settings = {"monitor": list(detector.monitors), "window": detector.window}
         settings |= {"warmup": detector.warmup, "ratio": detector.ratio}
         settings |= {"z_score": detector.z_score, "robust_z": detector.robust_z}
@@ -213,7 +219,7 @@ def judge_of(config: DetectorConfig | None, checkpoint: dict[str, Any]) -> Judge
             _, init_args, _ = built
             call = ", ".join(f"{k}={v!r}" for k, v in init_args.items() if k != "action")
             return Judge(init_args, f"the run's SpikeDetector({call})")
-    return judge_of(DetectorConfig(), checkpoint)
+    return judge_of(DetectorConfig(), checkpoint, facts)
 
 
 def judging_detector(judge: Judge, checkpoint: dict[str, Any], steps: int) -> SpikeDetector:

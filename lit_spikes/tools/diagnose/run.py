@@ -10,6 +10,7 @@ from typing import Any
 
 from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint, saved_fingerprint
 from lit_spikes.callbacks.fingerprint import software_fingerprint
+from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools.defaults import flat_config, plain_config
 from lit_spikes.tools.diagnose import explain
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
@@ -85,7 +86,7 @@ def diagnose(
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
     end = _end_after(ckpt_path, checkpoint, spike_step)
     subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
-    judge = judge_of(config.detector, checkpoint)
+    judge = judge_of(config.detector, checkpoint, lambda: facts_of(subject.model()))
     trainer_kwargs = _replayed_trainer(ckpt_path, checkpoint, trainer_kwargs)
     tags = _loss_tags(config, judge)
     original, tag = original_loss, None

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import PositionedData
+from lit_spikes.tool_facts import ToolFacts, facts_of
 from lit_spikes.tools.factories import ClassPath, Factory, Instantiate, factory_of
 from lit_spikes.tools.recover.config import DEFAULT_DATA, DEFAULT_MODEL, FACTORY, RecoverConfig
 from lit_spikes.tools.recover.gate import skip_stepped
@@ -61,6 +62,10 @@ class Builders:
         path = ClassPath(self.config.model["class_path"], init_args)
         changed: pl.LightningModule = path.build(pl.LightningModule, "model")
         return changed
+
+    def facts(self) -> ToolFacts:
+        """What the module states of its run, read from one built for it."""
+        return facts_of(self.model())
 
     def datamodule(self) -> pl.LightningDataModule:
         built: pl.LightningDataModule = self.data()

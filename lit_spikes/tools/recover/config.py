@@ -7,11 +7,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 
+from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
 from lit_spikes.tools.defaults import (
     DEFAULT_MODEL_SEED,
     DEMO_DATA,
@@ -177,8 +179,8 @@ class RecoverConfig:
     train data should be a ``lit_spikes.StepLoader`` (or positioned as one) for a resume
     to continue at the right batch and for data to be skipped."""
     max_steps: int | None = None
-    """Global step at which training ends (None: where the built-in model's LR schedule
-    ends; required for another model)."""
+    """Global step at which training ends (None: the module's ``ToolFacts.run_steps``,
+    where the built-in model's LR schedule ends; required for a module that states none)."""
     checkpoint_every: int = 50
     """Every branch writes ``step=<k>.ckpt`` every this many steps."""
     val_every: int | None = 100
@@ -247,10 +249,10 @@ class RecoverConfig:
         object.__setattr__(self, "trainer", check_trainer_args(self.trainer))
 
     def _check_ladder(self) -> None:
-        if self.max_steps is None and not self.builtin_model:
+        if self.max_steps is None and self.facts.run_steps is None:
             raise ValueError(
-                f"RecoverConfig.max_steps is required for model {self.model_name} (only the "
-                "built-in model's LR schedule says where its run ends)"
+                f"RecoverConfig.max_steps is required for model {self.model_name}: it states "
+                "no ToolFacts.run_steps (docs/tool-facts.md), so nothing says where its run ends"
             )
         if self.steps < 1:
             raise ValueError(f"RecoverConfig.max_steps={self.max_steps} must be >= 1")
@@ -365,20 +367,24 @@ class RecoverConfig:
             return None
         return data_config_from_dict(self.data["init_args"]["config"])
 
-    @property
-    def default_min_step(self) -> int:
-        """The detector's first step when its config names none: the built-in model's
-        LR warm-up's end, else 0."""
-        optim = self.optim
-        return 0 if optim is None else optim.warmup_steps
+    @cached_property
+    def facts(self) -> ToolFacts:
+        """What the model states of its run (``lit_spikes.ToolFacts``), read from one
+        instance built of its ``init_args`` where its class states any (the defaults for
+        a factory's model or a class that states none)."""
+        if FACTORY in self.model:
+            return ToolFacts()
+        path = ClassPath.of(self.model, "RecoverConfig.model")
+        klass = path.klass(pl.LightningModule, "RecoverConfig.model")
+        return facts_of(path.build(pl.LightningModule)) if states_facts(klass) else ToolFacts()
 
     @property
     def steps(self) -> int:
         if self.max_steps is not None:
             return self.max_steps
-        optim = self.optim
-        assert optim is not None  # __post_init__ refuses another model without max_steps
-        return optim.max_steps
+        steps = self.facts.run_steps
+        assert steps is not None  # __post_init__ refuses a model that states none
+        return steps
 
     @property
     def world_size(self) -> int:

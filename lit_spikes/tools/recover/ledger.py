@@ -151,7 +151,11 @@ class Totals:
     unrecovered: list[dict[str, Any]]
     """Spikes of the final run that no remedy removed."""
     val_bpc: float | None
+    """The last ``val/bpc`` (the built-in model's; also in ``val``)."""
     final_ckpt: str
+    val: list[Any] | None = None
+    """``[name, last value]`` of the module's validation metric (``ToolFacts``; None: it
+    names none, or a ledger written before it was recorded)."""
 
 
 @dataclass

@@ -32,7 +32,7 @@ from lit_spikes.tools.recover.branch import (
     summarize,
     with_given,
 )
-from lit_spikes.tools.recover.config import RecoverConfig
+from lit_spikes.tools.recover.config import FACTORY, RecoverConfig
 from lit_spikes.tools.recover.gate import SpikeGate
 from lit_spikes.tools.recover.history import (
     HISTORY_NAME,
@@ -92,6 +92,9 @@ class RecoverResult:
     final_ckpt: Path
     """Checkpoint of the finished run (last step of the lineage's last branch)."""
     val_bpc: float | None
+    """The last ``val/bpc`` (the built-in model's)."""
+    val: float | None = None
+    """The last value of the module's validation metric (``ToolFacts.val_metric``)."""
 
 
 class RecoveryLoop:
@@ -126,6 +129,8 @@ class RecoveryLoop:
     ) -> None:
         config, model, data = with_given(config, model, data)
         self.builders = Builders.of(config, model, data)
+        self.facts = config.facts if FACTORY not in config.model else self.builders.facts()
+        """What the module states of its run (``lit_spikes.ToolFacts``)."""
         self.config, self.progress_bar = config, progress_bar
         self.ranks = Ranks(config)
         self.console = console or Console(quiet=True)
@@ -386,7 +391,7 @@ class RecoveryLoop:
         record = self.ledger.branch(record.name)  # rank 0's record, on every rank
         config = self.config
         run_dir = self.root / record.name
-        detector = config.detector.build(config.default_min_step, config.optim is not None)
+        detector = config.detector.build(self.facts)
 
         def accept(step: int) -> None:
             self.accept(record, step)
@@ -545,9 +550,11 @@ class RecoveryLoop:
         head = self.final_head()
         records = lineage_records(self.ledger, self.root, head.name)  # read once, used thrice
         final = checkpoint_path(self.root / head.name, self.config.steps)
-        self.ledger.totals = totals(self.ledger, records, final)
-        self.ledger.comparison = comparison_rows(self.ledger, self.root, records)
-        write_stitched_run(self.root / ACCEPTED_RUN, records, self.ledger.totals.unrecovered)
+        facts = self.facts
+        self.ledger.totals = totals(self.ledger, records, final, facts)
+        self.ledger.comparison = comparison_rows(self.ledger, self.root, records, facts)
+        spikes = self.ledger.totals.unrecovered
+        write_stitched_run(self.root / ACCEPTED_RUN, records, spikes, facts)
         self.ledger.status = "done"
         self.event("done", val_bpc=self.ledger.totals.val_bpc, lineage=self.ledger.totals.lineage)
 
@@ -559,6 +566,7 @@ class RecoveryLoop:
             lineage=lineage_records(self.ledger, self.root, self.final_head().name),
             final_ckpt=Path(totals.final_ckpt),
             val_bpc=totals.val_bpc,
+            val=None if totals.val is None else totals.val[1],
         )
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 WINDOW = 50
 """Data positions averaged at most (the last ones every row trained after its skips)."""
-PREFERRED = ("val/bpc", "val_loss", "val/loss")
-"""Validation metrics chosen first, in order, where every row logs them (the project's
-module logs ``val/bpc``); else the first, by name, that every row logs."""
+PREFERRED = ("val_loss", "val/loss")
+"""Validation metrics chosen, in order, where every row logs them and the module names
+none (``ToolFacts.val_metric``); else the first, by name, that every row logs."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ def validations(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, flo
     return found
 
 
-def _by_validation(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> Measure | None:
+def _by_validation(
+    rows: Mapping[str, Sequence[Mapping[str, Any]]], preferred: str | None
+) -> Measure | None:
     validated = {run: validations(records) for run, records in rows.items()}
     common: set[str] | None = None
     for by_step in validated.values():
@@ -52,7 +54,8 @@ def _by_validation(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> Measure |
         common = names if common is None else common & names
     if not common:
         return None
-    name = next((n for n in PREFERRED if n in common), None) or sorted(common)[0]
+    choices = (preferred, *PREFERRED) if preferred is not None else PREFERRED
+    name = next((n for n in choices if n in common), None) or sorted(common)[0]
     steps = None
     for by_step in validated.values():
         have = {step for step, metrics in by_step.items() if name in metrics}
@@ -99,6 +102,9 @@ def _by_training_loss(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> Measur
     return Measure(name, values)
 
 
-def common_measure(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> Measure:
-    """The measure of ``rows`` (each row's step and validation records, by name)."""
-    return _by_validation(rows) or _by_training_loss(rows)
+def common_measure(
+    rows: Mapping[str, Sequence[Mapping[str, Any]]], preferred: str | None = None
+) -> Measure:
+    """The measure of ``rows`` (each row's step and validation records, by name):
+    ``preferred`` (the module's ``ToolFacts.val_metric``) first where every row logs it."""
+    return _by_validation(rows, preferred) or _by_training_loss(rows)

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_spikes.tools.defaults import LOGGED_AS, STEP_SCALARS
+from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.recover.history import lineage_records
 from lit_spikes.tools.recover.ledger import Ledger, Totals
-from lit_spikes.tools.recover.measure import common_measure, validations
+from lit_spikes.tools.recover.measure import Measure, common_measure, validations
 
 ACCEPTED_RUN = "accepted"
 """TensorBoard run of the stitched accepted lineage, ``<log_root>/accepted``."""
@@ -22,9 +22,20 @@ COMPARISON_ROWS = (
 )
 
 
-def totals(ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path) -> Totals:
+def last_validation(records: Sequence[dict[str, Any]], facts: ToolFacts) -> float | None:
+    """The last value of the module's validation metric (``facts.val_metric``) in
+    ``records`` (None: it names none, or none was logged)."""
+    name = facts.val_metric
+    by_step = validations(records)
+    found = [by_step[s][name] for s in sorted(by_step) if name in by_step[s]]
+    return found[-1] if found else None
+
+
+def totals(
+    ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path, facts: ToolFacts
+) -> Totals:
     """The loop's cost and its final run's counts, from the branches' own records and
-    ``records``, the final lineage's."""
+    ``records``, the final lineage's; the validation metric ``facts`` names."""
     head = ledger.main_branches()[-1]
     steps = [r for r in records if "step" in r]
     vals = [r for r in records if "val_bpc" in r]
@@ -41,21 +52,37 @@ def totals(ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path) 
         unrecovered=ledger.lineage_spikes(head.name),
         val_bpc=float(vals[-1]["val_bpc"]) if vals else None,
         final_ckpt=str(final_ckpt),
+        val=None if facts.val_name is None else [facts.val_name, last_validation(records, facts)],
     )
 
 
-def _max_logit_after(records: Sequence[dict[str, Any]], first: int) -> float | None:
-    steps = (r for r in records if "step" in r and r["step"] >= first and "max_logit" in r)
-    return max((float(r["max_logit"]) for r in steps), default=None)
+def _largest_after(records: Sequence[dict[str, Any]], key: str, first: int) -> float | None:
+    steps = (r for r in records if "step" in r and r["step"] >= first and key in r)
+    return max((float(r[key]) for r in steps), default=None)
+
+
+def _cells(
+    records: Sequence[dict[str, Any]], spikes: int, first: int, facts: ToolFacts
+) -> list[list[Any]]:
+    """A row's cells, ``[header, value, digits]`` (digits None: a count): the module's
+    validation metric where it names one, the spikes, its extra columns (``ToolFacts``)."""
+    cells: list[list[Any]] = []
+    if facts.val_name is not None:
+        cells.append([facts.val_name, last_validation(records, facts), 3])
+    cells.append(["spikes flagged", spikes, None])
+    for column in facts.columns:
+        cells.append([column.header, _largest_after(records, column.key, first), column.digits])
+    return cells
 
 
 def comparison_rows(
-    ledger: Ledger, root: Path, records: Sequence[dict[str, Any]]
+    ledger: Ledger, root: Path, records: Sequence[dict[str, Any]], facts: ToolFacts
 ) -> list[dict[str, Any]]:
     """Rows of the report: the recovered run (``records``: its lineage's), and with
     ``compare`` doing nothing and QK-norm. ``spikes`` counts flagged steps (the recovered
     run: those on its lineage that no remedy removed; a rejected branch's spike is not on
-    it). ``measure`` is one measure of every row, named in ``measured_by`` (``measure``)."""
+    it). ``measure`` is one measure of every row, named in ``measured_by`` (``measure``);
+    ``cells``, the table's columns that the module provides (``ToolFacts``)."""
     assert ledger.totals is not None
     first = int(ledger.interventions[0].spike["step"]) if ledger.interventions else 0
     recovered = "recovered (accepted lineage)"
@@ -64,7 +91,8 @@ def comparison_rows(
             "run": recovered,
             "val_bpc": ledger.totals.val_bpc,
             "spikes": len(ledger.totals.unrecovered),
-            "max_logit_after": _max_logit_after(records, first),
+            "max_logit_after": _largest_after(records, "max_logit", first),
+            "cells": _cells(records, len(ledger.totals.unrecovered), first, facts),
         }
     ]
     measured: dict[str, Sequence[dict[str, Any]]] = {recovered: records}
@@ -74,30 +102,47 @@ def comparison_rows(
             continue
         row_records = lineage_records(ledger, root, name)
         vals = [r for r in row_records if "val_bpc" in r]
+        spikes = len(ledger.lineage_spikes(name))
         rows.append(
             {
                 "run": label,
                 "val_bpc": float(vals[-1]["val_bpc"]) if vals else None,
-                "spikes": len(ledger.lineage_spikes(name)),
-                "max_logit_after": _max_logit_after(row_records, first),
+                "spikes": spikes,
+                "max_logit_after": _largest_after(row_records, "max_logit", first),
+                "cells": _cells(row_records, spikes, first, facts),
             }
         )
         measured[label] = row_records
-    measure = common_measure(measured)
+    measure = common_measure(measured, facts.val_metric)
+    if facts.val_mode == "max" and measure.name.startswith(f"{facts.val_metric} at step"):
+        measure = Measure(f"{measure.name}; higher is better", measure.values)
     for row in rows:
         row["measure"], row["measured_by"] = measure.values[row["run"]], measure.name
     return rows
 
 
-TAGS = {"loss": "train/loss", **{key: LOGGED_AS.get(key, key) for key in STEP_SCALARS}}
-"""The per-step tags of the stitched run: those every branch logs (``TinyGPTModule``)."""
+STITCHED_TAGS = {
+    "loss": "train/loss", "position": "data/position", "lr": "lr", "grad_norm": "grad_norm"
+}  # fmt: skip
+"""The tag of each per-step record key the stitched run logs for any module."""
+
+
+def stitched_tags(facts: ToolFacts) -> dict[str, str]:
+    """Record key -> tag of the stitched run: ``STITCHED_TAGS``, the module's extra
+    columns' keys, and the module's own tags over them (``ToolFacts.curves``)."""
+    return {**STITCHED_TAGS, **{c.key: c.key for c in facts.columns}, **facts.curves}
 
 
 def write_stitched_run(
-    run_dir: Path, records: Sequence[dict[str, Any]], spikes: Sequence[dict[str, Any]] = ()
+    run_dir: Path,
+    records: Sequence[dict[str, Any]],
+    spikes: Sequence[dict[str, Any]] = (),
+    facts: ToolFacts | None = None,
 ) -> None:
-    """Write the accepted lineage as one TensorBoard run, each step once: the same tags
-    as the branches, validation at the index of its last step (as Lightning logs it)."""
+    """Write the accepted lineage as one TensorBoard run, each step once: the module's
+    tags (``stitched_tags``), validation at the index of its last step (as Lightning
+    logs it)."""
+    tags = stitched_tags(facts or ToolFacts())
     from torch.utils.tensorboard import SummaryWriter
 
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -108,7 +153,7 @@ def write_stitched_run(
     try:
         for record in records:
             if "step" in record:
-                for key, tag in TAGS.items():
+                for key, tag in tags.items():
                     if key in record:
                         writer.add_scalar(tag, float(record[key]), int(record["step"]))
                 if record.get("skipped"):

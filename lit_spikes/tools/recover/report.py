@@ -3,6 +3,8 @@ what the loop bought against doing nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -65,10 +67,30 @@ def _totals_lines(ledger: Ledger, totals: Totals) -> list[str]:
         )
         + f"; batches skipped: {totals.batches_skipped}; updates dropped by skip-step: "
         f"{len(totals.skip_stepped)}" + (f" {totals.skip_stepped}" if totals.skip_stepped else ""),
-        f"Unrecovered spikes: {unrecovered or 'none'}; val bits/char "
-        f"{_fmt(totals.val_bpc)}; wall time {ledger.wall_s:.1f} s over "
-        f"{ledger.sessions} session(s)",
+        f"Unrecovered spikes: {unrecovered or 'none'}; {_validation(totals)}wall time "
+        f"{ledger.wall_s:.1f} s over {ledger.sessions} session(s)",
         f"Final checkpoint: {totals.final_ckpt}",
+    ]
+
+
+def _validation(totals: Totals) -> str:
+    """The final validation for the totals line: the module's metric (``ToolFacts``);
+    a ledger written before it was recorded: its ``val/bpc``."""
+    if totals.val is None:
+        return f"val bits/char {_fmt(totals.val_bpc)}; " if totals.val_bpc is not None else ""
+    name, value = totals.val
+    return f"{name} {_fmt(value)}; "
+
+
+def _cells(row: dict[str, Any]) -> list[list[Any]]:
+    """The row's ``[header, value, digits]`` cells; a row written before they were
+    recorded: the built-in model's columns."""
+    if "cells" in row:
+        return [list(cell) for cell in row["cells"]]
+    return [
+        ["val bits/char", row["val_bpc"], 3],
+        ["spikes flagged", row["spikes"], None],
+        ["max attn logit after 1st spike", row["max_logit_after"], 1],
     ]
 
 
@@ -77,17 +99,12 @@ def _comparison_table(ledger: Ledger) -> Table:
     caption = f"compared by {measured_by}" if measured_by else None  # (an older ledger)
     compare = Table(title="What the loop bought", caption=caption)
     compare.add_column("run")
-    columns = ("val bits/char", "spikes flagged", "max attn logit after 1st spike")
-    for column in (*columns, "compared"):
-        compare.add_column(column, justify="right")
+    for header, _, _ in _cells(ledger.comparison[0]):
+        compare.add_column(header, justify="right")
+    compare.add_column("compared", justify="right")
     for row in ledger.comparison:
-        compare.add_row(
-            row["run"],
-            _fmt(row["val_bpc"]),
-            str(row["spikes"]),
-            _fmt(row["max_logit_after"], 1),
-            _fmt(row.get("measure"), 4),
-        )
+        cells = [str(v) if d is None else _fmt(v, d) for _, v, d in _cells(row)]
+        compare.add_row(row["run"], *cells, _fmt(row.get("measure"), 4))
     return compare
 
 

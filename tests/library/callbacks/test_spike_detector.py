@@ -437,14 +437,18 @@ def test_recover_and_diagnose_judge_a_users_module_by_the_scale_free_default() -
     """``--detector.*`` left unset: the built-in model keeps its demo's rule, a user's
     module gets the detector's own (the demo's 1.4x flagged the loss near zero above by
     the dozen); a rule given is used as given, for either."""
+    from lit_spikes.demo.module import TinyGPTModule
+    from lit_spikes.tool_facts import facts_of
     from lit_spikes.tools.detector_config import DetectorConfig
 
-    builtin, users = DetectorConfig().build(0), DetectorConfig().build(0, builtin=False)
+    demo = facts_of(TinyGPTModule())
+    builtin, users = DetectorConfig().build(demo), DetectorConfig().build()
     assert (builtin.ratio, builtin.robust_z, builtin.window, builtin.warmup) == (1.4, None, 20, 20)
     assert (users.ratio, users.robust_z, users.window) == (None, SpikeDetector().robust_z, 100)
     assert flags(users, near_zero_loss()) == []
-    given = DetectorConfig(ratio=3.0).build(0, builtin=False)
-    assert (given.ratio, given.robust_z, given.window) == (3.0, None, 20)
+    for facts in (demo, None):
+        given = DetectorConfig(ratio=3.0).build(facts)
+        assert (given.ratio, given.robust_z, given.window) == (3.0, None, 20)
 
 
 @pytest.mark.parametrize("watcher", ["detector", "skip"])

@@ -1,0 +1,152 @@
+"""What the tools read of a module comes through ``ToolFacts`` alone: a module written for
+the test (``FactRegressor``) states every fact otherwise than the defaults, and recover,
+diagnose's judge and the stitched TensorBoard run follow it; a module that states none
+gets tables and rules with nothing of the demo in them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_spikes.callbacks import SpikeDetector
+from lit_spikes.tool_facts import Column, ToolFacts, facts_of
+from lit_spikes.tools.detector_config import DetectorConfig
+from lit_spikes.tools.diagnose.replay import judge_of
+from lit_spikes.tools.recover import RecoverConfig, print_ledger, read_ledger, recover
+from tests.modules.recover_setup import scale_lr
+from tests.modules.spiky_modules import FactRegressor, JumpRegressor
+
+FACTS = "tests.modules.spiky_modules.FactRegressor"
+PLAIN = "tests.modules.spiky_modules.ValidatedRegressor"
+DATA = {
+    "class_path": "tests.modules.spiky_modules.ValidatedRegressionData",
+    "init_args": {"rows": 4096},
+}
+RUNG = '[{"class_path": "lit_spikes.callbacks.LRScaler", "init_args": {"factor": 0.05}}]'
+
+
+def ledger_text(root: Path) -> str:
+    console = Console(width=250, record=True)
+    print_ledger(read_ledger(root), console)
+    return console.export_text()
+
+
+@pytest.fixture(scope="module")
+def facts_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """recover on ``FactRegressor`` from the command line, with neither ``--max_steps``
+    nor a ``--detector.*`` rule: both come from its facts."""
+    from lit_spikes.tools.cli import main
+
+    root = tmp_path_factory.mktemp("facts") / "run"
+    argv = ["recover", "--model", FACTS, "--model.init_args.jump_step", "30"]
+    argv += ["--data", DATA["class_path"], "--data.init_args.rows", "4096"]
+    argv += ["--checkpoint_every", "10", "--val_every", "10", "--rollback_distance", "5"]
+    argv += ["--accept_margin", "5", "--ladder", RUNG, "--compare", "true"]
+    result = main([*argv, "--log_root", str(root)])
+    assert result is not None and result.ledger.status == "done"
+    return root
+
+
+def test_recover_takes_the_run_length_rule_and_warmup_from_the_modules_facts(
+    facts_run: Path,
+) -> None:
+    ledger = read_ledger(facts_run)
+    assert ledger.totals is not None and ledger.totals.steps_final == 60  # its run_steps
+    spike = ledger.interventions[0].spike
+    assert int(spike["step"]) in (30, 31) and spike["reference"] > 0  # its ratio-4 rule
+    config = RecoverConfig(model=FACTS, data=DATA, val_every=10)
+    detector = config.detector.build(config.facts)
+    assert (detector.ratio, detector.robust_z, detector.window) == (4.0, None, 20)
+    assert (config.steps, detector.min_step) == (60, 12)
+    model = {"class_path": FACTS, "init_args": {"run_steps": 40}}
+    changed = RecoverConfig(model=model, data=DATA, val_every=10)
+    assert changed.steps == 40  # read from an instance of its init_args
+
+
+def test_the_comparison_shows_the_modules_columns_and_direction_only(facts_run: Path) -> None:
+    text = ledger_text(facts_run)
+    header = next(line for line in text.splitlines() if "spikes flagged" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "run",
+        "val score",
+        "spikes flagged",
+        "largest LR after 1st spike",
+        "compared",
+    ]
+    assert "compared by val_score at step 60" in text and "higher is better" in text
+    assert "bits/char" not in text and "attn logit" not in text
+    ledger = read_ledger(facts_run)
+    assert ledger.totals is not None and ledger.totals.val is not None
+    name, value = ledger.totals.val
+    assert name == "val score" and f"val score {value:.3f}" in text
+    nothing = next(r for r in ledger.comparison if r["run"].startswith("do nothing"))
+    assert nothing["cells"][2] == ["largest LR after 1st spike", 2.0, 2]  # the jump: 0.1 x 20
+
+
+def test_the_stitched_run_logs_the_loss_under_the_modules_tag(facts_run: Path) -> None:
+    events = EventAccumulator(str(facts_run / "accepted"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "fit/loss" in tags and "train/loss" not in tags
+    assert len(events.Scalars("fit/loss")) == 60
+
+
+def test_a_module_that_states_nothing_gets_no_demo_column_or_rule(tmp_path: Path) -> None:
+    model = {"class_path": PLAIN, "init_args": {"jump_step": 30}}
+    config = RecoverConfig(
+        log_root=tmp_path,
+        model=model,
+        data=DATA,
+        max_steps=60,
+        checkpoint_every=10,
+        val_every=10,
+        detector=DetectorConfig(ratio=4.0),
+        rollback_distance=5,
+        accept_margin=5,
+        ladder=(scale_lr(0.05),),
+        compare=True,
+    )
+    assert config.facts == ToolFacts()
+    recover(config)
+    text = ledger_text(tmp_path)
+    header = next(line for line in text.splitlines() if "spikes flagged" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "run",
+        "spikes flagged",
+        "compared",
+    ]
+    assert "bits/char" not in text and "attn logit" not in text and "n/a" not in text
+    default = DetectorConfig().build(config.facts)
+    assert (default.ratio, default.robust_z, default.min_step) == (None, 8.0, 0)
+
+
+def test_diagnose_judges_by_the_modules_rule_where_none_is_given() -> None:
+    judge = judge_of(DetectorConfig(), {}, lambda: facts_of(FactRegressor()))
+    assert (judge.settings["ratio"], judge.settings["window"]) == (4.0, 20)
+    plain = judge_of(DetectorConfig(), {}, lambda: facts_of(JumpRegressor()))
+    assert (plain.settings["ratio"], plain.settings["robust_z"]) == (None, 8.0)
+    given = judge_of(DetectorConfig(z_score=5.0), {}, lambda: facts_of(FactRegressor()))
+    assert (given.settings["ratio"], given.settings["z_score"]) == (None, 5.0)
+
+
+def test_facts_are_checked_when_stated() -> None:
+    with pytest.raises(ValueError, match=r"val_mode='up' must be 'min' or 'max'"):
+        ToolFacts(val_mode="up")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"run_steps=0 must be >= 1"):
+        ToolFacts(run_steps=0)
+    with pytest.raises(ValueError, match=r"warmup_steps=-1"):
+        ToolFacts(warmup_steps=-1)
+    with pytest.raises(ValueError, match=r"columns=.*must be Column objects"):
+        ToolFacts(columns=("max_logit",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"digits=-1"):
+        Column("lr", "LR", digits=-1)
+
+    class Wrong(JumpRegressor):
+        tool_facts = "val_loss"
+
+    with pytest.raises(TypeError, match=r"Wrong.tool_facts is a str, not a lit_spikes.ToolFacts"):
+        facts_of(Wrong())
+    assert isinstance(DetectorConfig().build(facts_of(JumpRegressor())), SpikeDetector)
