@@ -53,6 +53,7 @@ RETENTION = "tests/library/callbacks/test_retention.py::"
 EVERY_FILE = "tests/library/test_every_file.py::"
 CHECK = "tests/library/testing/test_check.py::"
 FACTS = "tests/tools/test_tool_facts.py::"
+CLASS_PATHS = "tests/tools/test_class_paths.py::"
 GUARANTEE_RUNS, GUARANTEE_MODULES = (
     "tests/modules/guarantee_runs.py",
     "tests/modules/guarantee_modules.py",
@@ -582,7 +583,7 @@ MUTATIONS = [
         "module_rule_ignored",  # the tools judge every module by the detector's own rule
         "lit_spikes/tools/detector_config.py",
         "            rule |= {k: v for k, v in facts.detector.items() if rule.get(k) is None}\n",
-        "",
+        "            pass\n",
         (
             FACTS + "test_recover_takes_the_run_length_rule_and_warmup_from_the_modules_facts",
             FACTS + "test_diagnose_judges_by_the_modules_rule_where_none_is_given",
@@ -597,6 +598,26 @@ MUTATIONS = [
         (
             FACTS + "test_the_comparison_shows_the_modules_columns_and_direction_only",
             FACTS + "test_a_module_that_states_nothing_gets_no_demo_column_or_rule",
+        ),
+    ),
+    Mutation(
+        "class_typo_without_suggestion",  # a mistyped class path names no close class
+        "lit_spikes/tools/class_paths.py",
+        '        hint = f" (did you mean {module_name}.{close[0]}?)" if close else ""\n',
+        '        hint = ""\n',
+        (
+            CLASS_PATHS + "test_a_class_path_with_a_typo_is_refused_naming_the_closest",
+            CLASS_PATHS + "test_the_closest_class_is_one_of_the_kind_asked_for",
+        ),
+    ),
+    Mutation(
+        "help_lists_no_given_class",  # --help after --model X lists none of X's options
+        "lit_spikes/tools/command_line.py",
+        'group.description = options_listing(key, klass, "Given", init_args=True)\n',
+        "group.description = None\n",
+        (
+            CLASS_PATHS + "test_help_after_a_class_path_lists_that_classs_options",
+            CLASS_PATHS + "test_recovers_help_lists_the_given_datas_options",
         ),
     ),
 ]

@@ -35,6 +35,7 @@ from lit_spikes.loader import (
     position_of_step,
 )
 from lit_spikes.loader import check_shard as _check_shard
+from lit_spikes.runs.plain import flat_config, plain_config
 from lit_spikes.stacklevel import outside_lightning
 
 Batch = dict[str, torch.Tensor]
@@ -108,18 +109,6 @@ RESUME_DATA_CHANGES = ("seed", "skip", "val_batch_size")
 on its own, skips join the checkpoint's, validation batches do not touch training."""
 
 
-def plain_config(value: Any) -> Any:
-    """Plain data, recursively: tuples as lists, paths as strings, keys as strings; a
-    config as a checkpoint or a JSON file stores it (a round trip is exact)."""
-    if isinstance(value, dict):
-        return {str(key): plain_config(item) for key, item in value.items()}
-    if isinstance(value, tuple | list):
-        return [plain_config(item) for item in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def data_config_from_dict(values: dict[str, Any]) -> DataConfig:
     """A ``DataConfig`` from its plain form (lists for tuples, a dict for the world)."""
     values = dict(values)
@@ -138,16 +127,6 @@ def data_config_from_checkpoint(checkpoint: dict[str, Any]) -> DataConfig:
     if "config" in saved:
         return data_config_from_dict(saved["config"])
     return DataConfig(seed=int(saved.get("seed", 0)))
-
-
-def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat |= flat_config(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def config_differences(

@@ -3,8 +3,6 @@ plus its model config in the checkpoint; ExactResume adds what a bit-exact resum
 
 from __future__ import annotations
 
-import atexit
-import functools
 import math
 import random
 import warnings
@@ -32,6 +30,7 @@ from lit_spikes.demo.setup_checks import (
     check_training_setup,
 )
 from lit_spikes.demo.step_records import MaskedStep, Row, StepRecords
+from lit_spikes.runs.processes import destroy_process_group_at_exit
 from lit_spikes.tool_facts import Column, ToolFacts
 
 DEFAULT_MODEL_SEED = 1
@@ -560,23 +559,6 @@ def _fitting(module: pl.LightningModule) -> bool:
         return module.trainer.state.fn == TrainerFn.FITTING
     except RuntimeError:
         return False
-
-
-def destroy_process_group() -> None:
-    """Tear the process group down, if there is one, before the interpreter does.
-
-    Left to the interpreter's teardown, gloo's threads were destroyed while still
-    joinable: ``terminate called without an active exception``, and rank 0 exited with
-    -6 after writing everything (seen in this project's DDP tests and CI).
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-@functools.cache
-def destroy_process_group_at_exit() -> None:
-    """Call ``destroy_process_group`` when the interpreter exits (registered once)."""
-    atexit.register(destroy_process_group)
 
 
 def _as(cls: type, value: Any) -> Any:

@@ -19,10 +19,11 @@ import textwrap
 import warnings
 from typing import Any, NoReturn
 
-from jsonargparse import ArgumentParser, DefaultHelpFormatter
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
+from lit_spikes.tools.class_paths import options_listing
 from lit_spikes.tools.commands import TOP_USAGE
 
 _OWN_HELP = {
@@ -132,35 +133,23 @@ _SECTIONS = {
 }
 
 
-def _defaults_listed(key: str, klass: type) -> str:
-    """The options of the default ``--model``/``--data`` class, one a line with its default
-    (subclass mode lists only ``--model CLASS_PATH``; ``--model.help`` lists them too)."""
-    probe = ArgumentParser()
-    probe.add_class_arguments(klass, key, fail_untyped=False)
-    defaults = probe.get_defaults().items()
-    lines = [f"  --{k} (default: {_shown(v)})" for k, v in defaults if k.startswith(f"{key}.")]
-    path = f"{klass.__module__}.{klass.__qualname__}"
-    return f"Default: {path}, whose options are:\n" + "\n".join(lines)
-
-
-def _shown(value: Any) -> str:
-    return "[]" if value == () else str(value)
-
-
 def arrange_help(
-    parser: LightningArgumentParser, subcommand: str, defaults: dict[str, type] | None = None
+    parser: LightningArgumentParser,
+    subcommand: str,
+    classes: dict[str, tuple[str, type]] | None = None,
 ) -> None:
-    """The help of a subcommand's parser, shortened, its sections titled;
-    ``defaults``: the class of ``model`` and ``data`` when none is given, their options
-    listed."""
+    """The help of a subcommand's parser, shortened, its sections titled; ``classes``:
+    the ``model`` and ``data`` classes (with ``"Given"`` or ``"Default"``) whose options
+    are listed (subclass mode lists only ``--model CLASS_PATH``)."""
     # One line, not argparse's list of all 80 options (printed before every error too)
     parser.usage = f"lit-spikes {subcommand} [options]"
     groups = parser.groups or {}  # jsonargparse's named groups, titled by a docstring
     for key, title in _SECTIONS.items():
         if key in groups:
             groups[key].title = f"--{key} CLASS_PATH: {title}"
-            if defaults and key in defaults:
-                groups[key].description = _defaults_listed(key, defaults[key])
+            if classes and key in classes:
+                heading, klass = classes[key]
+                groups[key].description = options_listing(key, klass, heading)
     # argparse has no public list of a parser's options (its help, rewritten here, is
     # public on each): the one private name of this module
     for action in parser._actions:

@@ -16,8 +16,11 @@ from dataclasses import fields, is_dataclass
 from typing import Any, NoReturn
 
 import jsonargparse
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from typing_extensions import override
+
+from lit_spikes.tools.class_paths import first_problem, given_class_paths, options_listing
+from lit_spikes.tools.factories import import_class
 
 
 @contextmanager
@@ -37,6 +40,19 @@ def _attribute_docstrings() -> Iterator[None]:
 _UNKNOWN = re.compile(r"(?:unrecognized arguments|Unrecognized arguments): (.*)")
 
 
+class ListingFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, but a section's list of a class's options one a line (as
+    ``options_listing`` writes it), not reflowed into a paragraph."""
+
+    @override
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        # argparse's hook for a description's layout, the one RawDescriptionHelpFormatter
+        # (public) overrides for every description: here only for the options' lists
+        if "\n  --" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 class CommandParser(ArgumentParser):
     """A jsonargparse parser whose errors are two lines (usage, error) and name the option
     closest to an unknown one (``--checkpoint-every``: did you mean
@@ -51,15 +67,33 @@ class CommandParser(ArgumentParser):
             return super().add_class_arguments(*args, **kwargs)
 
     @override
-    def add_subclass_arguments(self, *args: Any, **kwargs: Any) -> Any:
+    def add_subclass_arguments(
+        self, baseclass: Any, nested_key: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        self.class_keys = {**getattr(self, "class_keys", {}), nested_key: baseclass}
         with _attribute_docstrings():
-            return super().add_subclass_arguments(*args, **kwargs)
+            return super().add_subclass_arguments(baseclass, nested_key, *args, **kwargs)
 
     @override
-    def parse_args(self, *args: Any, **kwargs: Any) -> Any:
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        self._check_class_paths(argv)
         # a class path's options (--model.init_args.NAME, --model.help) are added here
         with _attribute_docstrings():
-            return super().parse_args(*args, **kwargs)
+            return super().parse_args(args, *rest, **kwargs)
+
+    def _check_class_paths(self, argv: list[str]) -> None:
+        """A ``--model``/``--data`` class path with a typo is an error naming the closest;
+        with ``--help``, that class's options head its section."""
+        keys: dict[str, Any] = getattr(self, "class_keys", {})
+        problem = first_problem(argv, keys)
+        if problem is not None:
+            self.error(problem)
+        for key, path in given_class_paths(argv, list(keys)).items():
+            group = (self.groups or {}).get(key)
+            if group is not None and ("--help" in argv or "-h" in argv):
+                klass = import_class(path, keys[key], f"--{key}")
+                group.description = options_listing(key, klass, "Given", init_args=True)
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -101,7 +135,11 @@ def command_parser(
     CommandParser.command = prog
     # No abbreviations: an old spelling (--ckpt for --ckpt_path) is an error, not a guess.
     parser = CommandParser(
-        prog=prog, description=description, exit_on_error=True, allow_abbrev=False
+        prog=prog,
+        description=description,
+        exit_on_error=True,
+        allow_abbrev=False,
+        formatter_class=ListingFormatter,
     )
     # jsonargparse's documented config action (not in its __all__, so mypy wants the attribute)
     config_action = jsonargparse.ActionConfigFile  # type: ignore[attr-defined]

@@ -8,17 +8,12 @@ from lit_spikes.demo.data import (
     check_shard,
     data_config_from_checkpoint,
     data_config_from_dict,
-    flat_config,
-    plain_config,
 )
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import (
     DEFAULT_MODEL_SEED,
-    LOGGED_AS,
-    STEP_SCALARS,
     OptimConfig,
     TinyGPTModule,
-    destroy_process_group,
 )
 from lit_spikes.demo.setup_checks import check_training_setup
 
@@ -31,8 +26,6 @@ __all__ = [
     "DEFAULT_MODEL_SEED",
     "DEMO_DATA",
     "DEMO_MODEL",
-    "LOGGED_AS",
-    "STEP_SCALARS",
     "DataConfig",
     "GPTConfig",
     "OptimConfig",
@@ -42,7 +35,4 @@ __all__ = [
     "check_training_setup",
     "data_config_from_checkpoint",
     "data_config_from_dict",
-    "destroy_process_group",
-    "flat_config",
-    "plain_config",
 ]

@@ -38,7 +38,9 @@ from lit_spikes.checkpoints import (
     load_checkpoint,
     newest_valid_checkpoint,
 )
+from lit_spikes.runs.plain import flat_config, plain_config
 from lit_spikes.tools import run_record
+from lit_spikes.tools.class_paths import first_problem, help_classes
 from lit_spikes.tools.cli_parsing import (
     DATA_KEYS,
     MODEL_KEYS,
@@ -59,8 +61,6 @@ from lit_spikes.tools.defaults import (
     StepDataModule,
     TinyGPTModule,
     check_training_setup,
-    flat_config,
-    plain_config,
 )
 from lit_spikes.tools.fit_defaults import (
     add_fit_options,
@@ -117,6 +117,10 @@ RESUMABLE_CHANGES = ("num_threads", "flush_denormal")
 (the module warns that the run is then not guaranteed bit-exact)."""
 
 
+CLASS_BASES = {"model": LightningModule, "data": LightningDataModule}
+"""What ``--model`` and ``--data`` name a subclass of."""
+
+
 class LitSpikesCLI(LightningCLI):
     """LightningCLI with the project's defaults and the ``--checkpoint_every`` option."""
 
@@ -126,6 +130,8 @@ class LitSpikesCLI(LightningCLI):
         self.start = FitStart()  # whether the fit went past its start
         self._data_recorded = False  # the run's record named the data
         self.command_line: Any = None  # parsed again, on a checkpoint's settings
+        given = kwargs.get("args")  # as typed: its --help lists the --model class's options
+        self.argv = [str(a) for a in (sys.argv[1:] if given is None else given)]
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -367,12 +373,15 @@ class LitSpikesCLI(LightningCLI):
         for parser in [self._subcommand_parser(name) for name in subcommands] or [self.parser]:
             parser.add_lightning_class_args(self.trainer_class, "trainer")
             parser.set_defaults(defaults)
+        classes = help_classes(self.argv, CLASS_BASES, {"model": DEMO_MODEL, "data": DEMO_DATA})
         for subcommand in subcommands:  # complete now, the method's arguments included
-            classes = {"model": TinyGPTModule, "data": StepDataModule}
             arrange_help(self._subcommand_parser(subcommand), subcommand, classes)
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        problem = first_problem(self.argv, CLASS_BASES)
+        if problem is not None:
+            parser.error(problem)
         if args is None or isinstance(args, list):  # the command line, as LightningCLI's
             self.command_line = yaml_nonfinite(sys.argv[1:] if args is None else list(args))
             # A requeue's --model.* without --model CLASS: parsed against the recorded class

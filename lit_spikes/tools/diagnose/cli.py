@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lit_spikes.checkpoints import CheckpointError
+from lit_spikes.runs.plain import plain_config
 from lit_spikes.tools.command_line import (
     add_class_path,
     as_plain,
@@ -31,7 +32,6 @@ from lit_spikes.tools.defaults import (
     DataConfig,
     data_config_from_checkpoint,
     data_config_from_dict,
-    plain_config,
 )
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.replay import CheckpointReads

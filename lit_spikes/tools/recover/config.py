@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 
+from lit_spikes.runs.plain import plain_config
 from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
 from lit_spikes.tools.defaults import (
     DEFAULT_MODEL_SEED,
@@ -22,7 +23,6 @@ from lit_spikes.tools.defaults import (
     GPTConfig,
     OptimConfig,
     data_config_from_dict,
-    plain_config,
 )
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
 from lit_spikes.tools.factories import ClassPath
