@@ -26,10 +26,24 @@ def test_the_library_imports_nothing_of_the_demo() -> None:
     assert "'callbacks" not in loaded
 
 
+def test_recover_knows_the_demo_by_class_path_alone() -> None:
+    """Issue 63: recover (its loop, config, report) loads no demo code until a run names
+    the demo's classes; the demo's defaults are class-path strings."""
+    probe = (
+        "import sys, lit_spikes.tools.recover; "
+        "print(sorted(m for m in sys.modules if m.startswith('lit_spikes.')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd="/", check=True, capture_output=True, text=True
+    )
+    assert "lit_spikes.demo" not in result.stdout and "demo_seam" not in result.stdout
+    assert "lit_spikes.tools.recover.loop" in result.stdout  # the probe saw the tools load
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SEAM = "lit_spikes.tools.defaults"
+SEAM = "lit_spikes.tools.demo_seam"
 
 
 LIBRARY = (

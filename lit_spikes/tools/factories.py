@@ -6,8 +6,9 @@ new object built the same way."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from jsonargparse import ArgumentParser
@@ -133,3 +134,73 @@ def instantiate(parser: ArgumentParser, config: Any) -> Any:
     """``parser.instantiate`` (jsonargparse 4.49+; the older name is deprecated there)."""
     method = getattr(parser, "instantiate", None) or parser.instantiate_classes
     return method(config)
+
+
+def complete_args(klass: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``given`` with the defaults of ``klass``'s other plain arguments, as the command
+    line fills them in, and each argument whose default is a dataclass as the complete
+    plain dict of its fields (given as a partial mapping, or left out): one run, one
+    spelling in a ledger.
+
+    Raises:
+        ValueError: a dataclass argument given as other than a mapping, named as
+            ``<what>.init_args.<name>``.
+        TypeError: a field its dataclass does not have.
+    """
+    filled = dict(given)
+    for name, parameter in inspect.signature(klass).parameters.items():
+        default = parameter.default
+        if name == "self" or default is inspect.Parameter.empty:
+            continue
+        if _instance_of_dataclass(default):
+            value = filled.get(name, default)
+            filled[name] = asdict(dataclass_of(type(default), value, f"{what}.init_args.{name}"))
+        elif name not in filled and _plain(default):
+            filled[name] = default
+    return filled
+
+
+def dataclass_of(cls: type, value: Any, what: str) -> Any:
+    """``value`` as a ``cls`` (a dataclass): itself, the defaults (None: a YAML key left
+    empty), or built from a mapping of its fields, nested dataclasses and tuples too
+    (as a ledger's or a checkpoint's plain data holds them).
+
+    Raises:
+        ValueError: ``value`` is no mapping (named by ``what``).
+    """
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    if not isinstance(value, Mapping):  # a list, a scalar
+        raise ValueError(
+            f"{what}: {value!r} is not a mapping of its fields; leave it out for the defaults"
+        )
+    defaults = {f.name: _field_default(f) for f in fields(cls)}
+    values = {}
+    for key, item in value.items():
+        default = defaults.get(key)
+        if _instance_of_dataclass(default) and (item is None or isinstance(item, Mapping)):
+            item = dataclass_of(type(default), item, f"{what}.{key}")
+        elif isinstance(default, tuple) and isinstance(item, list):
+            item = tuple(item)
+        values[key] = item
+    return cls(**values)
+
+
+def _field_default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else None
+
+
+def _instance_of_dataclass(value: Any) -> bool:
+    return is_dataclass(value) and not isinstance(value, type)
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, bool | int | float | str)

@@ -55,13 +55,8 @@ from lit_spikes.tools.cli_parsing import (
     yaml_nonfinite,
 )
 from lit_spikes.tools.commands import DESCRIPTION
-from lit_spikes.tools.defaults import (
-    DEMO_DATA,
-    DEMO_MODEL,
-    StepDataModule,
-    TinyGPTModule,
-    check_training_setup,
-)
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
+from lit_spikes.tools.demo_seam import StepDataModule, TinyGPTModule, check_training_setup
 from lit_spikes.tools.fit_defaults import (
     add_fit_options,
     add_seed_option,

@@ -15,10 +15,7 @@ from jsonargparse import ArgumentParser
 
 from lit_spikes.runs.plain import plain_config
 from lit_spikes.tools import run_record
-from lit_spikes.tools.defaults import (
-    DEMO_DATA,
-    DEMO_MODEL,
-)
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.factories import import_class
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."

@@ -16,7 +16,7 @@ import torch
 from lit_spikes.callbacks.batch_skipper import BatchSkipper
 from lit_spikes.callbacks.exact_resume import one_batch_per_step_problem
 from lit_spikes.tools.cli_parsing import launched_rank
-from lit_spikes.tools.defaults import StepDataModule
+from lit_spikes.tools.demo_seam import StepDataModule
 
 
 def check_skip_at_resume(checkpoint: dict[str, Any] | None, datamodule: Any, trainer: Any) -> None:

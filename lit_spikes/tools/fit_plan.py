@@ -12,7 +12,7 @@ from typing import Any
 
 from lit_spikes.checkpoints import checkpoint_files_if_any
 from lit_spikes.tools.cli_parsing import is_own, launched_rank, trainer_setting_problem
-from lit_spikes.tools.defaults import StepDataModule, TinyGPTModule, check_shard
+from lit_spikes.tools.demo_seam import StepDataModule, TinyGPTModule, check_shard
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
 from lit_spikes.tools.run_record import RECORD_NAME, read_record, record_path
 from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory

@@ -28,7 +28,7 @@ from lit_spikes.tools.command_line import (
     config_of,
     parse_config,
 )
-from lit_spikes.tools.defaults import (
+from lit_spikes.tools.demo_seam import (
     DataConfig,
     data_config_from_checkpoint,
     data_config_from_dict,

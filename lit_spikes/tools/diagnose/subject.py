@@ -24,9 +24,8 @@ from lit_spikes.callbacks import (
     RunDirectoryLock,
     SpikeDetector,
 )
-from lit_spikes.tools.defaults import (
-    DEMO_DATA,
-    DEMO_MODEL,
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
+from lit_spikes.tools.demo_seam import (
     DataConfig,
     GPTConfig,
     OptimConfig,

@@ -20,7 +20,7 @@ from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import PositionedData
 from lit_spikes.tool_facts import ToolFacts, facts_of
 from lit_spikes.tools.factories import ClassPath, Factory, Instantiate, factory_of
-from lit_spikes.tools.recover.config import DEFAULT_DATA, DEFAULT_MODEL, FACTORY, RecoverConfig
+from lit_spikes.tools.recover.config import FACTORY, RecoverConfig
 from lit_spikes.tools.recover.gate import skip_stepped
 from lit_spikes.tools.recover.history import HISTORY_NAME, read_history
 from lit_spikes.tools.recover.ledger import BranchRecord, Intervention, dedupe_spikes
@@ -80,15 +80,8 @@ def _factory(given: Any, configured: dict[str, Any], base: type, what: str) -> F
             f"RecoverConfig.{what} names the factory {configured[FACTORY]!r}: give it again "
             f"({what}=...) to continue this run"
         )
-    if configured["class_path"] == DEFAULT_DATA:
-        from lit_spikes.tools.defaults import StepDataModule, data_config_from_dict
-
-        config = data_config_from_dict(configured["init_args"]["config"])
-        return lambda: StepDataModule(config)
-    if configured["class_path"] == DEFAULT_MODEL:
-        return factory_of(configured, base, what)  # it takes its configs as dicts too
-    # Any other class: built as the command line builds it (jsonargparse), so an argument
-    # typed as a dataclass gets one, not the dict the config holds
+    # Built as the command line builds it (jsonargparse), so an argument typed as a
+    # dataclass gets one, not the dict the config holds
 
     factory_of(configured, base, what)  # a bad class path fails here, named
     built: Factory = Instantiate(base, configured)

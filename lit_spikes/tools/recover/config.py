@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -15,17 +15,9 @@ import lightning.pytorch as pl
 
 from lit_spikes.runs.plain import plain_config
 from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
-from lit_spikes.tools.defaults import (
-    DEFAULT_MODEL_SEED,
-    DEMO_DATA,
-    DEMO_MODEL,
-    DataConfig,
-    GPTConfig,
-    OptimConfig,
-    data_config_from_dict,
-)
+from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
-from lit_spikes.tools.factories import ClassPath
+from lit_spikes.tools.factories import ClassPath, Instantiate, complete_args
 from lit_spikes.tools.fit_defaults import check_num_threads
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
@@ -55,64 +47,26 @@ def default_data() -> dict[str, Any]:
     return _data_dict({"class_path": DEFAULT_DATA})
 
 
-def _class_dict(value: Any, base: type, what: str) -> tuple[str, dict[str, Any]] | None:
-    """``value``'s class path (checked to be a ``base``: a bad path fails here) and its
-    ``init_args`` with the class's defaults filled in, so equal settings compare equal;
-    None for a factory's record."""
+def _class_dict(value: Any, base: type, what: str) -> dict[str, Any]:
+    """``value`` as plain data: its class path (checked to be a ``base``: a bad path fails
+    here) and its ``init_args`` complete with the class's defaults, so equal settings
+    compare equal (``complete_args``); a factory's record as it is."""
     if isinstance(value, Mapping) and FACTORY in value:
-        return None
-    path = ClassPath.of(value, what)
-    return path.class_path, _with_defaults(path.klass(base, what), path.init_args)
+        return {FACTORY: str(value[FACTORY])}
+    path = ClassPath.of(value, f"RecoverConfig.{what}")
+    klass = path.klass(base, f"RecoverConfig.{what}")
+    args = complete_args(klass, path.init_args, f"RecoverConfig {what}")
+    return plain_config({"class_path": path.class_path, "init_args": args})  # type: ignore[no-any-return]
 
 
 def _model_dict(value: Any) -> dict[str, Any]:
-    """A model as plain data; the built-in one's ``gpt``/``optim``/``model_seed`` checked."""
-    found = _class_dict(value, pl.LightningModule, "RecoverConfig.model")
-    if found is None:
-        return {FACTORY: str(value[FACTORY])}
-    class_path, args = found
-    if class_path == DEFAULT_MODEL:
-        args["gpt"] = asdict(_of(GPTConfig, args.get("gpt"), "gpt"))
-        args["optim"] = asdict(_of(OptimConfig, args.get("optim"), "optim"))
-        args.setdefault("model_seed", DEFAULT_MODEL_SEED)
-    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
+    """A model as plain data (``_class_dict``)."""
+    return _class_dict(value, pl.LightningModule, "model")
 
 
 def _data_dict(value: Any) -> dict[str, Any]:
-    """The data as plain data; the built-in one's ``config`` checked."""
-    found = _class_dict(value, pl.LightningDataModule, "RecoverConfig.data")
-    if found is None:
-        return {FACTORY: str(value[FACTORY])}
-    class_path, args = found
-    if class_path == DEFAULT_DATA:
-        config = args.get("config")
-        if not isinstance(config, DataConfig):
-            config = data_config_from_dict(_mapping(config, "data.init_args.config"))
-        args["config"] = asdict(config)
-    return plain_config({"class_path": class_path, "init_args": args})  # type: ignore[no-any-return]
-
-
-def _with_defaults(klass: type, given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` with the defaults of ``klass``'s other arguments (plain ones: data, a
-    dataclass), as the command line fills them in: one run, one spelling in a ledger."""
-    filled = dict(given)
-    for name, parameter in inspect.signature(klass).parameters.items():
-        default = parameter.default
-        if name in filled or name == "self" or default is inspect.Parameter.empty:
-            continue
-        if is_dataclass(default) and not isinstance(default, type):
-            filled[name] = asdict(default)
-        elif _plain(default):
-            filled[name] = default
-    return filled
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, list | tuple):
-        return all(map(_plain, value))
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return value is None or isinstance(value, bool | int | float | str)
+    """The data as plain data (``_class_dict``)."""
+    return _class_dict(value, pl.LightningDataModule, "data")
 
 
 LOOP_TRAINER_ARGS = {
@@ -156,10 +110,6 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
             "for the defaults"
         )
     return dict(value)
-
-
-def _of(cls: type, value: Any, what: str) -> Any:
-    return value if isinstance(value, cls) else cls(**_mapping(value, f"model.init_args.{what}"))
 
 
 @dataclass(frozen=True)
@@ -308,12 +258,23 @@ class RecoverConfig:
                 "validates at the end only"
             )
 
+    def _builtin(self, section: str, *keys: str) -> Any:
+        """A setting of the built-in model's or data's plain ``init_args`` (None: another
+        class). The built-in pair's checks before anything is written, read from the class
+        path alone; to go behind the module protocol (issue 63)."""
+        value = getattr(self, section)
+        if value.get("class_path") != (DEFAULT_MODEL if section == "model" else DEFAULT_DATA):
+            return None
+        for key in ("init_args", *keys):
+            value = value[key]
+        return value
+
     def _check_default_run(self) -> None:
-        gpt, data = self.gpt, self.data_config
-        if gpt is not None and data is not None and gpt.block_size != data.block_size:
+        model, data = self._builtin("model", "gpt", "block_size"), self._builtin("data", "config")
+        if model is not None and data is not None and model != data["block_size"]:
             raise ValueError(
-                f"RecoverConfig: gpt.block_size={gpt.block_size} and "
-                f"data.block_size={data.block_size} must be equal"
+                f"RecoverConfig: gpt.block_size={model} and "
+                f"data.block_size={data['block_size']} must be equal"
             )
 
     def _check_processes(self) -> None:
@@ -328,10 +289,10 @@ class RecoverConfig:
             )
         if self.world_size > 1:  # "auto" means DDP then: one ledger identity for both
             object.__setattr__(self, "strategy", "ddp")
-        data = self.data_config
-        if data is not None and data.batch_size % self.world_size:
+        batch = self._builtin("data", "config", "batch_size")
+        if batch is not None and batch % self.world_size:
             raise ValueError(
-                f"RecoverConfig: data.batch_size={data.batch_size} must divide by the "
+                f"RecoverConfig: data.batch_size={batch} must divide by the "
                 f"world size devices x num_nodes = {self.world_size}"
             )
 
@@ -350,23 +311,6 @@ class RecoverConfig:
     def model_name(self) -> str:
         return str(self.model.get("class_path") or self.model.get(FACTORY))
 
-    @property
-    def gpt(self) -> GPTConfig | None:
-        """The built-in model's network (None: another model)."""
-        return GPTConfig(**self.model["init_args"]["gpt"]) if self.builtin_model else None
-
-    @property
-    def optim(self) -> OptimConfig | None:
-        """The built-in model's optimizer and schedule (None: another model)."""
-        return OptimConfig(**self.model["init_args"]["optim"]) if self.builtin_model else None
-
-    @property
-    def data_config(self) -> DataConfig | None:
-        """The built-in data's config (None: other data)."""
-        if self.data.get("class_path") != DEFAULT_DATA:
-            return None
-        return data_config_from_dict(self.data["init_args"]["config"])
-
     @cached_property
     def facts(self) -> ToolFacts:
         """What the model states of its run (``lit_spikes.ToolFacts``), read from one
@@ -374,9 +318,10 @@ class RecoverConfig:
         a factory's model or a class that states none)."""
         if FACTORY in self.model:
             return ToolFacts()
-        path = ClassPath.of(self.model, "RecoverConfig.model")
-        klass = path.klass(pl.LightningModule, "RecoverConfig.model")
-        return facts_of(path.build(pl.LightningModule)) if states_facts(klass) else ToolFacts()
+        klass = ClassPath.of(self.model, "RecoverConfig.model").klass(pl.LightningModule)
+        if not states_facts(klass):
+            return ToolFacts()
+        return facts_of(Instantiate(pl.LightningModule, self.model)())  # as a branch builds it
 
     @property
     def steps(self) -> int:

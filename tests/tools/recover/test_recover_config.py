@@ -162,9 +162,9 @@ def test_print_config_round_trips_through_config(
         '["lit_spikes.callbacks.LRScaler"]',
     ]
     config, _ = parse(argv)
-    optim, data = config.optim, config.data_config
-    assert optim is not None and optim.peak_lr == 0.05
-    assert data is not None and data.seed == 3
+    assert config.model["init_args"]["optim"]["peak_lr"] == 0.05
+    assert config.data["init_args"]["config"]["seed"] == 3
+    assert config.model["init_args"]["optim"]["warmup_steps"] == 100  # filled in
     assert (config.checkpoint_every, config.detector.ratio) == (25, 2.5)
     assert config.ladder == ({"class_path": RUNGS["scale_lr"], "init_args": {"factor": 0.5}},)
     with pytest.raises(SystemExit):
@@ -199,7 +199,7 @@ def test_recover_takes_any_model_and_data_by_class_path() -> None:
     assert config.model["class_path"] == "tests.modules.spiky_modules.JumpRegressor"
     assert config.model["init_args"]["jump_step"] == 30
     assert config.data["init_args"]["poison"] == [30]
-    assert (config.steps, config.val_every, config.gpt) == (60, None, None)
+    assert (config.steps, config.val_every) == (60, None)
 
 
 def test_fresh_refuses_a_directory_that_is_no_log_root_and_deletes_nothing(
