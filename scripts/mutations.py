@@ -620,6 +620,16 @@ MUTATIONS = [
             CLASS_PATHS + "test_recovers_help_lists_the_given_datas_options",
         ),
     ),
+    Mutation(
+        "fit_ignores_the_stated_length",  # fit without max_steps asks, or runs unbounded
+        "lit_spikes/tools/fit_plan.py",
+        '        stated = stated_run_steps(config["model"])\n',
+        "        stated = None\n",
+        (
+            FACTS + "test_fit_ends_where_the_module_states_unless_told",
+            "tests/tools/test_fit_plan.py::test_the_run_length_is_the_schedules_for_the_demo_only",
+        ),
+    ),
 ]
 
 

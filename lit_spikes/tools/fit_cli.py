@@ -66,6 +66,7 @@ from lit_spikes.tools.fit_defaults import (
     record_problem,
     recorded_run_config,
     resolve_module_defaults,
+    stated_run_steps,
     training_callbacks,
 )
 from lit_spikes.tools.fit_own_data import (
@@ -178,8 +179,8 @@ class LitSpikesCLI(LightningCLI):
         problem = config_problem(config, self.subcommand, self.plan.step)
         if problem is not None:
             self.parser.error(problem)
-        if is_own(config["model"], TinyGPTModule):
-            # The run ends where its schedule ends unless told to stop earlier (or later).
+        if stated_run_steps(config["model"]) is not None:
+            # The run ends where the module says (TinyGPT: its schedule) unless told otherwise
             config["trainer"]["max_steps"] = run_length(config)
         if config["num_threads"] is not None:  # a user's module (the demo's sets its own)
             torch.set_num_threads(config["num_threads"])

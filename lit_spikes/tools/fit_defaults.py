@@ -6,17 +6,24 @@ The decisions are pure functions of the parsed values; ``fit_cli`` applies them.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import ArgumentParser
+from lightning.pytorch import LightningModule
 
+from lit_spikes.randomness import kept_rng_states
 from lit_spikes.runs.plain import plain_config
+from lit_spikes.tool_facts import facts_of, states_facts
 from lit_spikes.tools import run_record
+from lit_spikes.tools.command_line import as_plain
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
-from lit_spikes.tools.factories import import_class
+from lit_spikes.tools.factories import Instantiate, import_class
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
 NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
@@ -166,7 +173,7 @@ def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
     user's), in place (so that config.yaml records them); else the text of a usage
     error: a user's fit without a length, threads refused."""
     own_model = _is_subclass_path(_class_path(config["model"]), DEMO_MODEL)
-    if fitting and not own_model:
+    if fitting and not own_model and stated_run_steps(config["model"]) is None:
         problem = length_problem(_class_path(config["model"]), config["trainer"])
         if problem is not None:
             return problem
@@ -373,3 +380,37 @@ def _is_subclass_path(path: str, own_path: str) -> bool:
 
     mine, own = klass(path), klass(own_path)
     return isinstance(mine, type) and isinstance(own, type) and issubclass(mine, own)
+
+
+def stated_run_steps(section: Any) -> int | None:
+    """The ``ToolFacts.run_steps`` of the parsed ``--model`` (None: none stated)."""
+    plain = as_plain(section)
+    if not isinstance(plain, dict) or not isinstance(plain.get("class_path"), str):
+        return None
+    return _run_steps(json.dumps(plain, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    """A parsed value JSON holds: a dataclass (a config built in Python) as its fields."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return str(value)
+
+
+@functools.lru_cache(maxsize=8)
+def _run_steps(spec: str) -> int | None:
+    """Read from one module built of the settings, where its class states facts at all;
+    the RNGs kept as they were (a module that draws its weights must not move the run's)."""
+    plain = json.loads(spec)
+    try:
+        klass = import_class(plain["class_path"], LightningModule, "--model")
+    except ValueError:
+        return None  # the parse reports it
+    if not states_facts(klass):
+        return None
+    with kept_rng_states():
+        try:
+            module = Instantiate(LightningModule, plain)()
+        except Exception:  # a setting the module refuses: its instantiation reports it
+            return None
+    return facts_of(module).run_steps

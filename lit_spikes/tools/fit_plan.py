@@ -12,7 +12,8 @@ from typing import Any
 
 from lit_spikes.checkpoints import checkpoint_files_if_any
 from lit_spikes.tools.cli_parsing import is_own, launched_rank, trainer_setting_problem
-from lit_spikes.tools.demo_seam import StepDataModule, TinyGPTModule, check_shard
+from lit_spikes.tools.demo_seam import StepDataModule, check_shard
+from lit_spikes.tools.fit_defaults import stated_run_steps
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
 from lit_spikes.tools.run_record import RECORD_NAME, read_record, record_path
 from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory
@@ -52,11 +53,13 @@ def ckpt_keyword_problem(path: str | None) -> str | None:
 
 
 def run_length(config: Any) -> int:
-    """The parsed run's ``max_steps``: as given, else where TinyGPT's schedule ends, else
-    Lightning's -1 (no limit)."""
+    """The parsed run's ``max_steps``: as given, else the module's ``ToolFacts.run_steps``
+    (TinyGPT: where its schedule ends), else Lightning's -1 (no limit)."""
     steps = config["trainer"]["max_steps"]
-    if (steps is None or steps == -1) and is_own(config["model"], TinyGPTModule):
-        return int(config["model"]["init_args"]["optim"].max_steps)
+    if steps is None or steps == -1:
+        stated = stated_run_steps(config["model"])
+        if stated is not None:
+            return stated
     return -1 if steps is None else int(steps)
 
 

@@ -6,8 +6,10 @@ gets tables and rules with nothing of the demo in them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,3 +152,43 @@ def test_facts_are_checked_when_stated() -> None:
     with pytest.raises(TypeError, match=r"Wrong.tool_facts is a str, not a lit_spikes.ToolFacts"):
         facts_of(Wrong())
     assert isinstance(DetectorConfig().build(facts_of(JumpRegressor())), SpikeDetector)
+
+
+class DrawingFactRegressor(FactRegressor):
+    """States its run length and draws from the global RNG when built, as a module that
+    initialises its layers without its own seed does."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        torch.nn.init.normal_(self.net[0].weight)
+
+
+def test_fit_ends_where_the_module_states_unless_told(tmp_path: Path) -> None:
+    from lit_spikes.tools.cli import main
+
+    argv = ["fit", "--model", FACTS, "--model.init_args.run_steps", "24"]
+    argv += ["--data", DATA["class_path"], "--data.init_args.rows", "4096"]
+    argv += ["--checkpoint_every", "12", "--trainer.limit_val_batches", "0"]
+    main([*argv, "--trainer.default_root_dir", str(tmp_path / "stated")])
+    files = sorted(p.name for p in (tmp_path / "stated" / "checkpoints").glob("step=*.ckpt"))
+    assert files == ["step=12.ckpt", "step=24.ckpt"]
+    told = [*argv, "--trainer.max_steps", "12", "--trainer.default_root_dir", str(tmp_path / "t")]
+    main(told)
+    assert sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("*.ckpt")) == [
+        "step=12.ckpt"
+    ]
+
+
+def test_reading_the_run_length_draws_nothing_from_the_runs_rngs() -> None:
+    from lit_spikes.tools.fit_plan import stated_run_steps
+
+    section = {
+        "class_path": "tests.tools.test_tool_facts.DrawingFactRegressor",
+        "init_args": {"run_steps": 33},
+    }
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert stated_run_steps(section) == 33
+    assert torch.equal(torch.rand(3), expected)
+    assert stated_run_steps({"class_path": PLAIN, "init_args": {}}) is None  # states none
