@@ -39,6 +39,7 @@ from lit_spikes.checkpoints import (
     newest_valid_checkpoint,
 )
 from lit_spikes.runs.plain import flat_config, plain_config
+from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools import run_record
 from lit_spikes.tools.class_paths import first_problem, help_classes
 from lit_spikes.tools.cli_parsing import (
@@ -513,6 +514,7 @@ class LitSpikesCLI(LightningCLI):
             name="" if training else "validate",
             version="" if training else (Path(checkpoint).stem if checkpoint else "fresh"),
             purge_step=self.plan.step if training else None,
+            hparams_metric=facts_of(self.model).val_metric,
         )
         configured = trainer_config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]

@@ -17,10 +17,15 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from typing_extensions import override
 
-HPARAM_METRIC = "hp/val_bpc"
-"""The HPARAMS view's metric in every run (CLI and demos): the final validation bits/char."""
-VAL_TAG = "val/bpc"
-"""The validation metric ``TinyGPTModule`` logs, whose last value becomes ``HPARAM_METRIC``."""
+
+def hparam_tag(val_metric: str) -> str:
+    """The HPARAMS view's tag of a validation metric's final value: ``hp/<metric>``, its
+    slashes as underscores (``val/bpc`` -> ``hp/val_bpc``)."""
+    return "hp/" + val_metric.replace("/", "_")
+
+
+HPARAM_METRIC = hparam_tag("val/bpc")
+"""The HPARAMS view's metric of the demos' rows: the final validation bits/char."""
 
 
 class RunLogger(TensorBoardLogger):
@@ -34,14 +39,15 @@ class RunLogger(TensorBoardLogger):
       same tags, steps and values, and a step's five scalars cost one event's build and
       (pure Python) checksum instead of five: 11% of a step under two busy cores here.
     - No ``hp_metric = -1`` (``default_hp_metric`` is off). With ``hparams_metric`` (the
-      default), a run that ends successfully and logged ``val/bpc`` records its
-      hyperparameters with the last ``val/bpc`` as ``HPARAM_METRIC``, at that step, as the
-      demos' rows do (``write_hparams``): one HPARAMS metric for every kind of run.
+      module's validation metric, ``ToolFacts.val_metric``), a run that ends successfully
+      and logged it records its hyperparameters with its last value as ``hp/<metric>``
+      (``hparam_tag``), at that step, as the demos' rows do (``write_hparams``).
 
     Args:
         *args: ``TensorBoardLogger``'s (``save_dir``, ``name``, ...).
-        hparams_metric: record the hyperparameters with the final ``val/bpc`` at the end
-            (off where the caller records its own, as the demos' branch runner does).
+        hparams_metric: the validation metric whose final value is recorded with the
+            hyperparameters at the end (None: none; the demos' branch runner records
+            each row's own).
         prefix: put at the start of every metric's tag, joined by ``LOGGER_JOIN_CHAR``
             (``"-"``), as ``TensorBoardLogger``'s ``prefix`` does; applied here (Lightning
             gets ``""``), so that the one-event path prefixes the tags too.
@@ -52,21 +58,22 @@ class RunLogger(TensorBoardLogger):
     """
 
     def __init__(
-        self, *args: Any, hparams_metric: bool = True, prefix: str = "", **kwargs: Any
+        self, *args: Any, hparams_metric: str | None = None, prefix: str = "", **kwargs: Any
     ) -> None:
         kwargs.setdefault("default_hp_metric", False)
         kwargs["prefix"] = ""  # applied in log_metrics (Lightning keeps its own private)
         super().__init__(*args, **kwargs)
         self.hparams_metric = hparams_metric
         self.prefix = prefix
-        self._final_bpc: tuple[float, int] | None = None
+        self._final_val: tuple[float, int] | None = None
 
     @override
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         metrics = {key: value for key, value in metrics.items() if key != "epoch"}
-        if VAL_TAG in metrics and step is not None:
-            self._final_bpc = (float(metrics[VAL_TAG]), step)
+        metric = self.hparams_metric
+        if metric is not None and metric in metrics and step is not None:
+            self._final_val = (float(metrics[metric]), step)
         if self.prefix:
             metrics = {f"{self.prefix}{self.LOGGER_JOIN_CHAR}{k}": v for k, v in metrics.items()}
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real)}
@@ -84,11 +91,11 @@ class RunLogger(TensorBoardLogger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         super().finalize(status)
-        final, self._final_bpc = self._final_bpc, None  # Lightning may finalize twice
-        if status == "success" and self.hparams_metric and final is not None:
+        final, self._final_val = self._final_val, None  # Lightning may finalize twice
+        if status == "success" and self.hparams_metric is not None and final is not None:
             params = self.hparams
             flat = flat_hparams(vars(params) if isinstance(params, Namespace) else params)
-            write_hparams(Path(self.log_dir), flat, *final)
+            write_hparams(Path(self.log_dir), flat, *final, tag=hparam_tag(self.hparams_metric))
 
 
 def flat_hparams(
@@ -123,14 +130,19 @@ LAYOUT = {
 
 
 def write_hparams(
-    run_dir: Path, params: Mapping[str, float | int | str | bool], val_bpc: float, step: int
+    run_dir: Path,
+    params: Mapping[str, float | int | str | bool],
+    value: float,
+    step: int,
+    tag: str = HPARAM_METRIC,
 ) -> None:
-    """Record a finished run's settings with its final validation bits/char, so the
-    HPARAMS view lists the rows of a comparison side by side."""
+    """Record a finished run's settings with its final validation ``value`` under ``tag``
+    (the demos' bits/char by default), so the HPARAMS view lists the rows of a
+    comparison side by side."""
     run_dir = Path(run_dir)
     before = set(run_dir.glob("events.out.tfevents.*"))
     with SummaryWriter(log_dir=str(run_dir)) as writer:
-        writer.add_hparams(dict(params), {HPARAM_METRIC: val_bpc}, run_name=".", global_step=step)
+        writer.add_hparams(dict(params), {tag: value}, run_name=".", global_step=step)
     # TensorBoard reads a run's event files in name order, and a run resumed into this
     # directory starts its own file with a purge of the later steps it repeats: read
     # after that, the final metric would be dropped. Files written in the same second

@@ -151,7 +151,7 @@ class RunSpec:
             name=self.name,
             version="",
             purge_step=self.resume_step,
-            hparams_metric=False,  # the demos' branch runner records each row's own
+            hparams_metric=None,  # the demos' branch runner records each row's own
         )
         parts = standard_run(
             kwargs,

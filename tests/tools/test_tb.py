@@ -115,7 +115,7 @@ def test_a_cli_run_records_its_final_val_bpc_as_the_hparams_metric(tmp_path: Pat
     last validation's value at its step, as in the demos' rows; no ``hp_metric = -1``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logger = RunLogger(str(tmp_path), name="run", version="")
+    logger = RunLogger(str(tmp_path), name="run", version="", hparams_metric="val/bpc")
     _fit(logger, steps=6, limit_val_batches=1, val_check_interval=3, check_val_every_n_epoch=None)
     scalars = tb_scalars(tmp_path / "run")
     assert "hp_metric" not in scalars and "epoch" not in scalars

@@ -192,3 +192,28 @@ def test_reading_the_run_length_draws_nothing_from_the_runs_rngs() -> None:
     assert stated_run_steps(section) == 33
     assert torch.equal(torch.rand(3), expected)
     assert stated_run_steps({"class_path": PLAIN, "init_args": {}}) is None  # states none
+
+
+def test_fit_records_the_modules_validation_metric_for_the_hparams_view(tmp_path: Path) -> None:
+    """The HPARAMS view's metric is the module's own (``hp/val_score``), not the demo's
+    ``hp/val_bpc``, which a user's module never logs."""
+    from lit_spikes.tools.cli import main
+
+    argv = ["fit", "--model", FACTS, "--model.init_args.run_steps", "12"]
+    argv += ["--data", DATA["class_path"], "--data.init_args.rows", "4096"]
+    argv += ["--trainer.val_check_interval", "6", "--trainer.check_val_every_n_epoch", "null"]
+    main([*argv, "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path)])
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert "hp/val_score" in scalars and "hp/val_bpc" not in scalars
+    last = events.Scalars("val_score")[-1]
+    (recorded,) = events.Scalars("hp/val_score")
+    assert (recorded.step, recorded.value) == (last.step, last.value)
+
+
+def test_recovers_events_name_the_modules_validation_metric(facts_run: Path) -> None:
+    events = [e for e in read_ledger(facts_run).events if e["event"] in ("branch_finished", "done")]
+    assert events and all("val_score" in e and "val_bpc" not in e for e in events)
+    done = events[-1]
+    assert done["event"] == "done" and done["val_score"] == read_ledger(facts_run).totals.val[1]

@@ -55,10 +55,8 @@ from lit_spikes.tools.recover.ledger import (
 )
 from lit_spikes.tools.recover.log_root import clear_log_root, refuse_foreign_files
 from lit_spikes.tools.recover.outcome import (
-    ACCEPTED_RUN,
-    comparison_rows,
-    totals,
-    write_stitched_run,
+    conclude,
+    validated,
 )
 from lit_spikes.tools.recover.ranks import Ranks, RankZeroStopped, round_trips
 from lit_spikes.tools.recover.remedies import (
@@ -497,7 +495,8 @@ class RecoveryLoop:
         record.status = "finished"
         if record.accepted_at is None and record.accept_after is not None:
             self.accept(record, config.steps - 1)
-        self.event("branch_finished", branch=record.name, val_bpc=record.val_bpc)
+        history = read_history(self.root / record.name / HISTORY_NAME)
+        self.event("branch_finished", branch=record.name, **validated(history, self.facts))
 
     def accept(self, record: BranchRecord, step: int) -> None:
         record.accepted_at = step
@@ -550,13 +549,10 @@ class RecoveryLoop:
         head = self.final_head()
         records = lineage_records(self.ledger, self.root, head.name)  # read once, used thrice
         final = checkpoint_path(self.root / head.name, self.config.steps)
-        facts = self.facts
-        self.ledger.totals = totals(self.ledger, records, final, facts)
-        self.ledger.comparison = comparison_rows(self.ledger, self.root, records, facts)
-        spikes = self.ledger.totals.unrecovered
-        write_stitched_run(self.root / ACCEPTED_RUN, records, spikes, facts)
+        conclude(self.ledger, self.root, records, final, self.facts)
         self.ledger.status = "done"
-        self.event("done", val_bpc=self.ledger.totals.val_bpc, lineage=self.ledger.totals.lineage)
+        lineage = self.ledger.totals.lineage if self.ledger.totals else []
+        self.event("done", **validated(records, self.facts), lineage=lineage)
 
     def result(self) -> RecoverResult:
         totals = self.ledger.totals

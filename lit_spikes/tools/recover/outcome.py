@@ -31,6 +31,13 @@ def last_validation(records: Sequence[dict[str, Any]], facts: ToolFacts) -> floa
     return found[-1] if found else None
 
 
+def validated(records: Sequence[dict[str, Any]], facts: ToolFacts) -> dict[str, Any]:
+    """``{metric: last value}`` of the module's validation metric, for an event (empty
+    where the module names none)."""
+    metric = facts.val_metric
+    return {} if metric is None else {metric: last_validation(records, facts)}
+
+
 def totals(
     ledger: Ledger, records: Sequence[dict[str, Any]], final_ckpt: Path, facts: ToolFacts
 ) -> Totals:
@@ -165,3 +172,13 @@ def write_stitched_run(
             writer.add_scalar(f"spike/{spike['metric']}", float(spike["value"]), int(spike["step"]))
     finally:
         writer.close()
+
+
+def conclude(
+    ledger: Ledger, root: Path, records: Sequence[dict[str, Any]], final: Path, facts: ToolFacts
+) -> None:
+    """A finished loop's totals and comparison rows into ``ledger``, and its accepted
+    lineage (``records``) as the stitched TensorBoard run ``<root>/accepted``."""
+    ledger.totals = totals(ledger, records, final, facts)
+    ledger.comparison = comparison_rows(ledger, root, records, facts)
+    write_stitched_run(root / ACCEPTED_RUN, records, ledger.totals.unrecovered, facts)
