@@ -630,6 +630,13 @@ MUTATIONS = [
             "tests/tools/test_fit_plan.py::test_the_run_length_is_the_schedules_for_the_demo_only",
         ),
     ),
+    Mutation(
+        "hparams_metric_not_the_modules",  # a user's fit records no HPARAMS metric
+        "lit_spikes/tools/fit_cli.py",
+        "            hparams_metric=facts_of(self.model).val_metric,\n",
+        "            hparams_metric=None,\n",
+        (FACTS + "test_fit_records_the_modules_validation_metric_for_the_hparams_view",),
+    ),
 ]
 
 
