@@ -99,7 +99,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    for name in ("demo", "tools", "runs"):
+    for name in ("demo", "tools", "shared"):
         if module == f"lit_spikes.{name}" or module.startswith(f"lit_spikes.{name}."):
             return name
     if module in LIBRARY or module.startswith(tuple(p + "." for p in LIBRARY_PACKAGES)):
@@ -115,10 +115,10 @@ def crossings(graph: dict[str, set[str]]) -> list[str]:
     for importer, imported in sorted(graph.items()):
         for target in sorted(imported):
             here, there = layer(importer), layer(target)
-            if here == "library" and there in ("demo", "tools", "runs"):
+            if here == "library" and there in ("demo", "tools", "shared"):
                 found.append(f"{importer} -> {target} (the library imports the {there})")
-            elif here == "runs" and there in ("demo", "tools"):
-                found.append(f"{importer} -> {target} (lit_spikes.runs imports the {there})")
+            elif here == "shared" and there in ("demo", "tools"):
+                found.append(f"{importer} -> {target} (lit_spikes.shared imports the {there})")
             elif here == "tools" and there == "demo" and importer != SEAM:
                 found.append(f"{importer} -> {target} (a tool past the seam {SEAM})")
     return found
@@ -175,7 +175,7 @@ def test_no_import_circles() -> None:
 def test_the_checks_see_a_crossing_and_a_circle() -> None:
     graph = {
         "lit_spikes.loader": {"lit_spikes.demo.model"},
-        "lit_spikes.runs.plain": {"lit_spikes.tools.fit_cli"},
+        "lit_spikes.shared.plain": {"lit_spikes.tools.fit_cli"},
         "lit_spikes.tools.cli": {"lit_spikes.demo.data", "lit_spikes.tools.fit_cli"},
         "lit_spikes.tools.fit_cli": {"lit_spikes.tools.cli", SEAM},
         SEAM: {"lit_spikes.demo.data"},
@@ -183,7 +183,7 @@ def test_the_checks_see_a_crossing_and_a_circle() -> None:
     }
     assert crossings(graph) == [
         "lit_spikes.loader -> lit_spikes.demo.model (the library imports the demo)",
-        "lit_spikes.runs.plain -> lit_spikes.tools.fit_cli (lit_spikes.runs imports the tools)",
+        "lit_spikes.shared.plain -> lit_spikes.tools.fit_cli (lit_spikes.shared imports the tools)",
         f"lit_spikes.tools.cli -> lit_spikes.demo.data (a tool past the seam {SEAM})",
     ]
     assert circles(graph) == [["lit_spikes.tools.cli", "lit_spikes.tools.fit_cli"]]

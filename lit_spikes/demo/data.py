@@ -35,7 +35,7 @@ from lit_spikes.loader import (
     position_of_step,
 )
 from lit_spikes.loader import check_shard as _check_shard
-from lit_spikes.runs.plain import flat_config, plain_config
+from lit_spikes.shared.plain import flat_config, plain_config
 from lit_spikes.stacklevel import outside_lightning
 
 Batch = dict[str, torch.Tensor]

@@ -30,7 +30,7 @@ from lit_spikes.demo.setup_checks import (
     check_training_setup,
 )
 from lit_spikes.demo.step_records import MaskedStep, Row, StepRecords
-from lit_spikes.runs.processes import destroy_process_group_at_exit
+from lit_spikes.shared.processes import destroy_process_group_at_exit
 from lit_spikes.tool_facts import Column, ToolFacts
 
 DEFAULT_MODEL_SEED = 1

@@ -1,7 +1,7 @@
 """The tools' one seam to the demo's code: the few demo classes and helpers the tools
 still use, imported here and nowhere else in lit_spikes.tools (tests/test_layers.py
 checks it). Issue 63 empties it: each goes behind the module protocol (``ToolFacts``)
-or below both layers (``lit_spikes.runs``); the defaults themselves are class-path
+or below both layers (``lit_spikes.shared``); the defaults themselves are class-path
 strings (``lit_spikes.tools.defaults``)."""
 
 from lit_spikes.demo.data import (

@@ -38,7 +38,7 @@ from lit_spikes.checkpoints import (
     load_checkpoint,
     newest_valid_checkpoint,
 )
-from lit_spikes.runs.plain import flat_config, plain_config
+from lit_spikes.shared.plain import flat_config, plain_config
 from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools import run_record
 from lit_spikes.tools.class_paths import first_problem, help_classes

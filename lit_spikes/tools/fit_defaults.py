@@ -18,7 +18,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningModule
 
 from lit_spikes.randomness import kept_rng_states
-from lit_spikes.runs.plain import plain_config
+from lit_spikes.shared.plain import plain_config
 from lit_spikes.tool_facts import facts_of, states_facts
 from lit_spikes.tools import run_record
 from lit_spikes.tools.command_line import as_plain

@@ -36,6 +36,12 @@ def ledger_text(root: Path) -> str:
     return console.export_text()
 
 
+def comparison_headers(text: str) -> list[str]:
+    """The headers of the "What the loop bought" table in the printed ledger."""
+    header = next(line for line in text.splitlines() if "spikes flagged" in line)
+    return [cell.strip() for cell in header.strip("┃ ").split("┃")]
+
+
 @pytest.fixture(scope="module")
 def facts_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """recover on ``FactRegressor`` from the command line, with neither ``--max_steps``
@@ -70,8 +76,7 @@ def test_recover_takes_the_run_length_rule_and_warmup_from_the_modules_facts(
 
 def test_the_comparison_shows_the_modules_columns_and_direction_only(facts_run: Path) -> None:
     text = ledger_text(facts_run)
-    header = next(line for line in text.splitlines() if "spikes flagged" in line)
-    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+    assert comparison_headers(text) == [
         "run",
         "val score",
         "spikes flagged",
@@ -114,12 +119,7 @@ def test_a_module_that_states_nothing_gets_no_demo_column_or_rule(tmp_path: Path
     assert config.facts == ToolFacts()
     recover(config)
     text = ledger_text(tmp_path)
-    header = next(line for line in text.splitlines() if "spikes flagged" in line)
-    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
-        "run",
-        "spikes flagged",
-        "compared",
-    ]
+    assert comparison_headers(text) == ["run", "spikes flagged", "compared"]
     assert "bits/char" not in text and "attn logit" not in text and "n/a" not in text
     default = DetectorConfig().build(config.facts)
     assert (default.ratio, default.robust_z, default.min_step) == (None, 8.0, 0)

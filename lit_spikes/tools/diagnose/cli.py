@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lit_spikes.checkpoints import CheckpointError
-from lit_spikes.runs.plain import plain_config
+from lit_spikes.shared.plain import plain_config
 from lit_spikes.tools.command_line import (
     add_class_path,
     as_plain,

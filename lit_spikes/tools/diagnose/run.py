@@ -10,7 +10,7 @@ from typing import Any
 
 from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint, saved_fingerprint
 from lit_spikes.callbacks.fingerprint import software_fingerprint
-from lit_spikes.runs.plain import flat_config, plain_config
+from lit_spikes.shared.plain import flat_config, plain_config
 from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools.diagnose import explain
 from lit_spikes.tools.diagnose.config import DiagnoseConfig

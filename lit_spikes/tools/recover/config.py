@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 
-from lit_spikes.runs.plain import plain_config
+from lit_spikes.shared.plain import plain_config
 from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)

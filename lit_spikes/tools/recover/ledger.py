@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lit_spikes.checkpoints import atomic_write
-from lit_spikes.runs.plain import plain_config
+from lit_spikes.shared.plain import plain_config
 
 LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 2

@@ -23,7 +23,7 @@ from lit_spikes.callbacks import PreemptionCheckpoint, SpikeDetector
 from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
-from lit_spikes.runs.plain import plain_config
+from lit_spikes.shared.plain import plain_config
 from lit_spikes.tools.recover.branch import (
     Builders,
     branch_run,

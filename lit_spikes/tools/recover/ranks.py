@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, TypeVar
 
-from lit_spikes.runs.processes import destroy_process_group
+from lit_spikes.shared.processes import destroy_process_group
 from lit_spikes.tools.recover.config import RecoverConfig
 
 _T = TypeVar("_T")
