@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_the_library_imports_nothing_of_the_demo() -> None:
     """A user's process that imports the callbacks and the loader loads no demo world,
@@ -157,6 +159,22 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def test_no_source_file_is_ignored_by_git() -> None:
+    """A package whose name a .gitignore pattern matches never reaches a commit
+    (``lit_spikes/runs/`` under ``runs/``: the dev tree imported it, a clean clone did
+    not). Checked where the tree is a git checkout."""
+    paths = [str(path.relative_to(ROOT)) for path in source_modules(ROOT).values()]
+    try:
+        found = subprocess.run(
+            ["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        pytest.skip("no git on this machine")
+    if found.returncode not in (0, 1):  # 128: not a git checkout (an installed copy)
+        pytest.skip(f"not a git checkout: {found.stderr.strip()}")
+    assert found.stdout.split() == [], "rename these or un-ignore them"
 
 
 def test_every_module_is_in_a_layer() -> None:
