@@ -136,6 +136,25 @@ def instantiate(parser: ArgumentParser, config: Any) -> Any:
     return method(config)
 
 
+def stated_facts(spec: Mapping[str, Any], base: type, what: str) -> Any:
+    """The ``lit_spikes.ToolFacts`` of the module ``spec`` (``{"class_path",
+    "init_args"}``) builds: the defaults where its class states none (nothing is built),
+    else read from one instance built as the command line builds it, the process's RNG
+    states kept (a module that draws its weights leaves a run's draws alone).
+
+    Raises:
+        ValueError: a class path that does not import or is no ``base``; anything the
+            module's own constructor raises.
+    """
+    from lit_spikes.randomness import kept_rng_states  # torch: not for a light --help
+    from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
+
+    if not states_facts(ClassPath.of(spec, what).klass(base, what)):
+        return ToolFacts()
+    with kept_rng_states():
+        return facts_of(Instantiate(base, dict(spec))())
+
+
 def complete_args(klass: type, given: Mapping[str, Any], what: str) -> dict[str, Any]:
     """``given`` with the defaults of ``klass``'s other plain arguments, as the command
     line fills them in, and each argument whose default is a dataclass as the complete

@@ -17,13 +17,11 @@ import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningModule
 
-from lit_spikes.randomness import kept_rng_states
 from lit_spikes.shared.plain import plain_config
-from lit_spikes.tool_facts import facts_of, states_facts
 from lit_spikes.tools import run_record
 from lit_spikes.tools.command_line import as_plain
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
-from lit_spikes.tools.factories import Instantiate, import_class
+from lit_spikes.tools.factories import import_class, stated_facts
 
 EXACT_RESUME_HELP = "Add an ExactResume unless the module or --trainer.callbacks has one."
 NUM_THREADS_HELP = "torch threads: 1 for another --model (TinyGPTModule: --model.num_threads)."
@@ -399,18 +397,10 @@ def _jsonable(value: Any) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _run_steps(spec: str) -> int | None:
-    """Read from one module built of the settings, where its class states facts at all;
-    the RNGs kept as they were (a module that draws its weights must not move the run's)."""
-    plain = json.loads(spec)
+    """Read from the module's stated facts (``stated_facts``), once per settings."""
     try:
-        klass = import_class(plain["class_path"], LightningModule, "--model")
-    except ValueError:
-        return None  # the parse reports it
-    if not states_facts(klass):
+        facts = stated_facts(json.loads(spec), LightningModule, "--model")
+    except Exception:  # a bad class or setting: the parse or the instantiation reports it
         return None
-    with kept_rng_states():
-        try:
-            module = Instantiate(LightningModule, plain)()
-        except Exception:  # a setting the module refuses: its instantiation reports it
-            return None
-    return facts_of(module).run_steps
+    run_steps: int | None = facts.run_steps
+    return run_steps

@@ -14,10 +14,10 @@ from typing import Any, Literal, get_args
 import lightning.pytorch as pl
 
 from lit_spikes.shared.plain import plain_config
-from lit_spikes.tool_facts import ToolFacts, facts_of, states_facts
+from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
-from lit_spikes.tools.factories import ClassPath, Instantiate, complete_args
+from lit_spikes.tools.factories import ClassPath, complete_args, stated_facts
 from lit_spikes.tools.fit_defaults import check_num_threads
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
@@ -313,15 +313,11 @@ class RecoverConfig:
 
     @cached_property
     def facts(self) -> ToolFacts:
-        """What the model states of its run (``lit_spikes.ToolFacts``), read from one
-        instance built of its ``init_args`` where its class states any (the defaults for
-        a factory's model or a class that states none)."""
+        """What the model states of its run (``lit_spikes.ToolFacts``; ``stated_facts``;
+        the defaults for a factory's model)."""
         if FACTORY in self.model:
             return ToolFacts()
-        klass = ClassPath.of(self.model, "RecoverConfig.model").klass(pl.LightningModule)
-        if not states_facts(klass):
-            return ToolFacts()
-        return facts_of(Instantiate(pl.LightningModule, self.model)())  # as a branch builds it
+        return stated_facts(self.model, pl.LightningModule, "RecoverConfig.model")  # type: ignore[no-any-return]
 
     @property
     def steps(self) -> int:
