@@ -98,6 +98,28 @@ class SpikeToolsModule(Protocol):
     def tool_facts(self) -> ToolFacts: ...
 
 
+@runtime_checkable
+class ChecksItsRun(Protocol):
+    """A LightningModule or LightningDataModule with checks of its own that ``lit-spikes
+    fit`` (and ``validate``) runs once the model, data and Trainer are built and before it
+    writes a file: what would fail at the first step, or silently train on other batches,
+    refused as a usage error with the ``ValueError``'s message, nothing written. It may
+    also fit the Trainer to the data (the demo's endless stream turns ``max_epochs`` into
+    steps). Called on the module, then on the data module, each given all of them."""
+
+    def check_run(
+        self,
+        stage: str,
+        trainer: Any,
+        *,
+        model: Any,
+        datamodule: Any,
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        """``stage``: ``"fit"`` or ``"validate"``; ``checkpoint``: the file resumed or
+        evaluated, loaded (None: a new run)."""
+
+
 def facts_of(module: object) -> ToolFacts:
     """The facts ``module`` states (``SpikeToolsModule``), else the defaults.
 

@@ -637,6 +637,18 @@ MUTATIONS = [
         "            hparams_metric=None,\n",
         (FACTS + "test_fit_records_the_modules_validation_metric_for_the_hparams_view",),
     ),
+    Mutation(
+        "own_checks_not_run",  # a module's and its data's ChecksItsRun never asked
+        "lit_spikes/tools/fit_own_data.py",
+        "        if isinstance(owner, ChecksItsRun):\n",
+        "        if False:\n",
+        (
+            "tests/tools/test_check_run.py::"
+            "test_a_check_of_the_module_or_data_refuses_the_run_before_any_file",
+            "tests/tools/test_cli_input.py::"
+            "test_bad_cli_input_fails_before_training_and_writes_nothing",
+        ),
+    ),
 ]
 
 

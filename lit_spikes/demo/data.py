@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = ["check_shard", "mix_seed", "normalize_skip", "position_of_step"]
 
 import functools
+import math
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,9 +24,11 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
+from lit_spikes.callbacks.batch_skipper import BatchSkipper
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.demo.world import ALPHABET, CharTokenizer, WorldConfig, build_world
 from lit_spikes.loader import (
@@ -348,6 +352,59 @@ class StepDataModule(pl.LightningDataModule):
                 # Here, not in train_dataloader(): Lightning leaves its recording wrappers on
                 # DataLoader when that hook raises (docs/private-apis.md, row 11).
                 check_ends(self.trainer)
+
+    def check_run(
+        self,
+        stage: str,
+        trainer: pl.Trainer,
+        *,
+        model: Any,
+        datamodule: Any,
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        """``lit_spikes.ChecksItsRun``, before ``lit-spikes fit`` writes a file: a batch
+        that does not shard over the Trainer's processes (each would fail in ``setup``),
+        a skip the resumed run already passed (``load_state_dict``'s refusal, at the
+        restore); and ``max_epochs`` honoured as Lightning does (``epoch_steps``)."""
+        check_shard(self.config.batch_size, 0, trainer.world_size)
+        if stage != "fit":
+            return
+        state = None if checkpoint is None else checkpoint.get(type(self).__qualname__)
+        if state:
+            probe = type(self)(self.config)
+            for callback in getattr(
+                trainer, "callbacks", []
+            ):  # a BatchSkipper adds its skip in setup
+                if isinstance(callback, BatchSkipper):
+                    probe.add_skip(callback.skip)
+            with warnings.catch_warnings():  # its seed and config warnings: at the restore
+                warnings.simplefilter("ignore")
+                probe.load_state_dict(state)
+        self.epoch_steps(trainer)
+
+    def epoch_steps(self, trainer: pl.Trainer) -> None:
+        """The run ends at the first of ``max_steps`` and ``max_epochs``, as Lightning's
+        does: the stream is endless, so an epoch here is as many steps as it takes to draw
+        the training text's tokens (``trainer.limit_train_batches``), unless an int
+        ``limit_train_batches`` sets its length."""
+        epochs = trainer.max_epochs
+        if epochs is None or epochs < 1 or isinstance(trainer.limit_train_batches, int):
+            return
+        rows = self.config.batch_size * self.config.block_size
+        tokens = int(self.train_tokens.numel())
+        steps = max(1, math.ceil(tokens / rows))
+        trainer.limit_train_batches = steps  # a Trainer attribute its fit loop reads
+        end = epochs * steps if trainer.max_steps == -1 else min(trainer.max_steps, epochs * steps)
+        # The rank the launcher gave this process (Lightning reads it at import; the
+        # Trainer's own is 0 until the processes start); an attribute mypy cannot see
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            print(
+                f"lit-spikes: --trainer.max_epochs {epochs}: an epoch here is {steps} steps "
+                f"(the training text's {tokens} tokens / batch {self.config.batch_size} x "
+                f"{self.config.block_size}); the run ends at step {end}, the first of "
+                "max_steps and max_epochs",
+                file=sys.stderr,
+            )
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]

@@ -154,6 +154,13 @@ class BitsPerChar(torchmetrics.Metric):
         return self.nats / self.count / math.log(2.0)
 
 
+def _check_setup(gpt: GPTConfig, trainer: pl.Trainer, datamodule: Any) -> None:
+    """``check_training_setup`` of this model with the Trainer's data (the demo's only)."""
+    own_data = datamodule if isinstance(datamodule, StepDataModule) else None
+    overfit = getattr(trainer, "overfit_batches", 0)  # set on it, untyped
+    check_training_setup(gpt, own_data, trainer.accumulate_grad_batches, overfit)
+
+
 class TinyGPTModule(pl.LightningModule):
     """TinyGPT trained the seed's way, resumable bit-for-bit from its own checkpoints.
 
@@ -310,18 +317,30 @@ class TinyGPTModule(pl.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         trainer = self.trainer
-        datamodule = getattr(trainer, "datamodule", None)
-        check_training_setup(
-            self.model_config,
-            datamodule if isinstance(datamodule, StepDataModule) else None,
-            trainer.accumulate_grad_batches,
-            getattr(trainer, "overfit_batches", 0),  # set on it, untyped
-        )
+        _check_setup(self.model_config, trainer, getattr(trainer, "datamodule", None))
         torch.set_num_threads(self.num_threads)
         set_flush_denormal(self.flush_denormal)
         self._restored_for_fit = False  # before this fit's restore, if it has one
         if trainer.world_size > 1:
             destroy_process_group_at_exit()
+
+    def check_run(
+        self,
+        stage: str,
+        trainer: pl.Trainer,
+        *,
+        model: Any,
+        datamodule: Any,
+        checkpoint: dict[str, Any] | None,
+    ) -> None:
+        """``lit_spikes.ChecksItsRun``: what ``setup`` would refuse at the first step,
+        before ``lit-spikes fit`` writes a file; and an example input for the model
+        summary it prints (without one its FLOPs column said 0; a forward in eval mode,
+        no grad: no RNG drawn, no state kept)."""
+        _check_setup(self.model_config, trainer, datamodule)
+        if self.example_input_array is None:
+            rows = self.model_config.block_size
+            self.example_input_array = torch.zeros((1, rows), dtype=torch.long)
 
     @override
     def configure_callbacks(self) -> list[Callback]:

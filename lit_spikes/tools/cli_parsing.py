@@ -168,18 +168,27 @@ def arrange_help(
             )
 
 
-def is_own(section: Any, own: type) -> bool:
+def is_own(section: Any, own: str) -> bool:
     """Whether a parsed ``model``/``data`` section (``class_path``, ``init_args``) builds
-    ``own`` or a subclass of it: only then do the project's own steps apply."""
+    the class at the class path ``own`` or a subclass of it: only then do the project's
+    own steps apply (the tools know the demo's classes by class path alone)."""
     path = section.get("class_path") if section is not None else None
-    if not isinstance(path, str):
-        return False
-    module, _, name = path.rpartition(".")
-    try:
-        klass = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return False  # the parse has reported it
-    return isinstance(klass, type) and issubclass(klass, own)
+    return isinstance(path, str) and is_subclass_path(path, own)
+
+
+def is_subclass_path(path: str, own: str) -> bool:
+    """Whether the class at the class path ``path`` is the one at ``own`` or a subclass of
+    it (False where either does not import: the parse has reported it)."""
+
+    def klass(dotted: str) -> Any:
+        module, _, name = dotted.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None
+
+    mine, base = klass(path), klass(own)
+    return isinstance(mine, type) and isinstance(base, type) and issubclass(mine, base)
 
 
 def first_cause(error: BaseException) -> BaseException:

@@ -57,7 +57,6 @@ from lit_spikes.tools.cli_parsing import (
 )
 from lit_spikes.tools.commands import DESCRIPTION
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
-from lit_spikes.tools.demo_seam import StepDataModule, TinyGPTModule, check_training_setup
 from lit_spikes.tools.fit_defaults import (
     add_fit_options,
     add_seed_option,
@@ -72,8 +71,7 @@ from lit_spikes.tools.fit_defaults import (
 )
 from lit_spikes.tools.fit_own_data import (
     check_accumulation,
-    check_skip_at_resume,
-    epochs_of_the_stream,
+    check_run_of,
 )
 from lit_spikes.tools.fit_plan import (
     ResumePlan,
@@ -192,17 +190,10 @@ class LitSpikesCLI(LightningCLI):
         # check) is bad input too: report it as such, before anything runs or is written.
         try:
             super().instantiate_classes()
-            if isinstance(self.model, TinyGPTModule):
-                # What would fail at the first step, after files were written: now, instead.
-                own_data = isinstance(self.datamodule, StepDataModule)
-                check_training_setup(
-                    self.model.model_config,
-                    self.datamodule if own_data else None,
-                    self.trainer.accumulate_grad_batches,
-                    getattr(self.trainer, "overfit_batches", 0),
-                )
+            # What would fail at the first step, after files were written: now, instead.
+            stage = self.subcommand or "fit"
+            check_run_of(stage, self.model, self.datamodule, self.trainer, self.plan.checkpoint)
             if self.subcommand == "fit":
-                check_skip_at_resume(self.plan.checkpoint, self.datamodule, self.trainer)
                 accumulate = self.trainer.accumulate_grad_batches
                 check_accumulation(self.model, self.datamodule, accumulate)
         except (ValueError, TypeError) as error:
@@ -211,13 +202,6 @@ class LitSpikesCLI(LightningCLI):
         if self.subcommand == "fit" and problem is not None:
             self.parser.error(problem)
         self._check_recorded_callbacks()
-        if self.subcommand == "fit":
-            epochs_of_the_stream(self.config["fit"], self.datamodule, self.trainer)
-        if isinstance(self.model, TinyGPTModule) and self.model.example_input_array is None:
-            # Lightning's model summary counts FLOPs on an example input: without one its
-            # table said FLOPs 0. (A forward in eval mode, no grad: no RNG, no state.)
-            rows = self.model.model_config.block_size
-            self.model.example_input_array = torch.zeros((1, rows), dtype=torch.long)
         for callback in getattr(self.trainer, "callbacks", []):
             if isinstance(callback, RunDirectoryLock):
                 # Before fit: Lightning's logger writes its first file before any setup hook.
@@ -267,7 +251,7 @@ class LitSpikesCLI(LightningCLI):
         error before anything is written."""
         data = config["data"]
         if (
-            is_own(config["model"], TinyGPTModule)
+            is_own(config["model"], DEMO_MODEL)
             or self._data_recorded
             or data is None
             or data.get("class_path") != DEMO_DATA
@@ -448,11 +432,12 @@ class LitSpikesCLI(LightningCLI):
         problem = foreign_checkpoint(self.config[subcommand]["model"], checkpoint, path)
         if subcommand == "fit" and problem:  # else the module's refusal, files written
             self.parser.error(problem)
-        if is_own(self.config[subcommand]["model"], TinyGPTModule):  # another: as given
+        if is_own(self.config[subcommand]["model"], DEMO_MODEL):  # another: as given
             hparams = plain_config(checkpoint.get("hyper_parameters", {}))
             saved |= {f"{MODEL_KEYS}{key}": value for key, value in flat_config(hparams).items()}
-        data = checkpoint.get(StepDataModule.__qualname__, {}).get("config")
-        if data is not None and is_own(self.config[subcommand]["data"], StepDataModule):
+        # The demo's data keeps its settings in its state, under its class's name
+        data = checkpoint.get(DEMO_DATA.rpartition(".")[2], {}).get("config")
+        if data is not None and is_own(self.config[subcommand]["data"], DEMO_DATA):
             # (files from before hold only the data seed)
             saved |= {f"{DATA_KEYS}{key}": value for key, value in flat_config(data).items()}
         # A Trainer setting, kept for the same reason

@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 
 from lit_spikes.shared.plain import plain_config
 from lit_spikes.tools import run_record
+from lit_spikes.tools.cli_parsing import is_subclass_path
 from lit_spikes.tools.command_line import as_plain
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.factories import import_class, stated_facts
@@ -170,7 +171,7 @@ def resolve_module_defaults(config: Any, fitting: bool) -> str | None:
     """The parsed config's seed and threads resolved for its module (the project's or a
     user's), in place (so that config.yaml records them); else the text of a usage
     error: a user's fit without a length, threads refused."""
-    own_model = _is_subclass_path(_class_path(config["model"]), DEMO_MODEL)
+    own_model = is_subclass_path(_class_path(config["model"]), DEMO_MODEL)
     if fitting and not own_model and stated_run_steps(config["model"]) is None:
         problem = length_problem(_class_path(config["model"]), config["trainer"])
         if problem is not None:
@@ -188,7 +189,7 @@ def adds_exact_resume(config: Any, configured: list[Any]) -> bool:
     Trainer callback of a type the module returns."""
     from lit_spikes.callbacks import ExactResume
 
-    if not config["exact_resume"] or _is_subclass_path(_class_path(config["model"]), DEMO_MODEL):
+    if not config["exact_resume"] or is_subclass_path(_class_path(config["model"]), DEMO_MODEL):
         return False
     return not any(isinstance(c, ExactResume) for c in configured)
 
@@ -349,7 +350,7 @@ def foreign_checkpoint(model: Any, checkpoint: Mapping[str, Any], path: str) -> 
     """Why the project's module (``model``: the parsed section, by default it) cannot
     resume ``checkpoint`` (None: it can): a file it did not write, with no run record
     beside it to name the classes that did."""
-    if "lit_spikes" in checkpoint or not _is_subclass_path(_class_path(model), DEMO_MODEL):
+    if "lit_spikes" in checkpoint or not is_subclass_path(_class_path(model), DEMO_MODEL):
         return None
     record = run_record.record_path(path)
     where = f"at {record}" if record is not None else "beside it (it is in no <run>/checkpoints/)"
@@ -364,20 +365,6 @@ def _class_path(section: Any) -> str:
     """A parsed ``model`` section's class path (a Namespace or a dict; "" for none)."""
     path = section.get("class_path") if section is not None else None
     return path if isinstance(path, str) else ""
-
-
-def _is_subclass_path(path: str, own_path: str) -> bool:
-    import importlib
-
-    def klass(dotted: str) -> Any:
-        module, _, name = dotted.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return None
-
-    mine, own = klass(path), klass(own_path)
-    return isinstance(mine, type) and isinstance(own, type) and issubclass(mine, own)
 
 
 def stated_run_steps(section: Any) -> int | None:

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_spikes.checkpoints import checkpoint_files_if_any
-from lit_spikes.tools.cli_parsing import is_own, launched_rank, trainer_setting_problem
-from lit_spikes.tools.demo_seam import StepDataModule, check_shard
+from lit_spikes.tools.cli_parsing import launched_rank, trainer_setting_problem
 from lit_spikes.tools.fit_defaults import stated_run_steps
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
 from lit_spikes.tools.run_record import RECORD_NAME, read_record, record_path
@@ -151,7 +150,7 @@ def already_finished(config: Any, step: int) -> None:
 def config_problem(config: Any, subcommand: str | None, resume_step: int | None) -> str | None:
     """Why the parsed ``config`` (one subcommand's section) is refused: the checkpoint
     interval, the run's length against the resume step, checkpointing off, directories
-    that cannot take the run's files, a batch that does not shard, Trainer settings."""
+    that cannot take the run's files, Trainer settings."""
     fitting = subcommand == "fit"
     every = config["checkpoint_every"]
     if every < 0:
@@ -170,11 +169,7 @@ def config_problem(config: Any, subcommand: str | None, resume_step: int | None)
             "--trainer.enable_checkpointing=false: lit-spikes writes its checkpoints as "
             f"--checkpoint_every says ({every}); give --checkpoint_every 0 for none"
         )
-    return (
-        directory_problem(config, fitting)
-        or shard_problem(config)
-        or (trainer_setting_problem(config["trainer"]))
-    )
+    return directory_problem(config, fitting) or (trainer_setting_problem(config["trainer"]))
 
 
 def directory_problem(config: Any, fitting: bool) -> str | None:
@@ -189,22 +184,6 @@ def directory_problem(config: Any, fitting: bool) -> str | None:
             f"{checkpoints} {problem}: the run could not write its checkpoints there; "
             "make it writable or choose another --trainer.default_root_dir"
         )
-    return None
-
-
-def shard_problem(config: Any) -> str | None:
-    """The project's data shards a batch over the processes Lightning starts: else each
-    of them fails in setup with its traceback."""
-    devices, nodes = config["trainer"].get("devices"), config["trainer"].get("num_nodes")
-    devices = int(devices) if str(devices).isdigit() else None  # "3" as parsed
-    processes = devices * nodes if devices and isinstance(nodes, int) and nodes > 0 else None
-    if processes is None or not is_own(config["data"], StepDataModule):
-        return None
-    try:
-        batch = config["data"]["init_args"]["config"]["batch_size"]
-        check_shard(int(batch), 0, processes)
-    except ValueError as error:
-        return str(error)
     return None
 
 

@@ -197,6 +197,17 @@ def test_batch_size_must_divide_by_the_world_size() -> None:
         StepDataModule(TINY_DATA).stream(0, rank=0, world_size=3)
 
 
+def test_the_shard_is_checked_before_the_processes_start() -> None:
+    """``lit-spikes fit`` asks the data (``check_run``) once the Trainer is built: its
+    processes, each of which would fail in ``setup``, are not started yet."""
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy="ddp", logger=False)
+    dm = StepDataModule(TINY_DATA)  # 4 rows a batch
+    with pytest.raises(ValueError, match=r"DataConfig.batch_size=4 .* world_size=3"):
+        dm.check_run("validate", trainer, model=None, datamodule=dm, checkpoint=None)
+    dm = StepDataModule(replace(TINY_DATA, batch_size=6))
+    dm.check_run("validate", trainer, model=None, datamodule=dm, checkpoint=None)
+
+
 def test_poison_first_half_lands_in_rank_0_shard_only() -> None:
     clean = StepDataModule(TINY_DATA)
     half = StepDataModule(replace(TINY_DATA, poison=(2,), poison_rows="first_half"))

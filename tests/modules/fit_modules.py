@@ -60,3 +60,36 @@ class SelfFedNet(DropoutNet):
 
     def train_dataloader(self) -> StepLoader:
         return StepLoader(rows(), 8, seed=5)
+
+
+CHECKED: list[tuple[str, str, int | None]] = []
+"""Each ``check_run`` call of the two classes below: (class, stage, the checkpoint's step)."""
+
+
+class CheckedNet(DropoutNet):
+    """The net with checks of its own (``lit_spikes.ChecksItsRun``): a width the data
+    module's ``max_hidden`` does not allow is refused before the run writes a file."""
+
+    def check_run(
+        self, stage: str, trainer: Any, *, model: Any, datamodule: Any, checkpoint: Any
+    ) -> None:
+        CHECKED.append(("net", stage, None if checkpoint is None else checkpoint["global_step"]))
+        limit = getattr(datamodule, "max_hidden", None)
+        if limit is not None and self.hparams["hidden"] > limit:
+            raise ValueError(f"CheckedNet.hidden={self.hparams['hidden']} exceeds {limit}")
+
+
+class CheckedData(StepData):
+    """``StepData`` that checks the run too, and sees the resumed checkpoint."""
+
+    def __init__(self, batch_size: int = 8, seed: int = 5, max_hidden: int = 32) -> None:
+        super().__init__(batch_size, seed)
+        self.max_hidden = max_hidden
+
+    def check_run(
+        self, stage: str, trainer: Any, *, model: Any, datamodule: Any, checkpoint: Any
+    ) -> None:
+        assert datamodule is self and model is not None
+        CHECKED.append(("data", stage, None if checkpoint is None else checkpoint["global_step"]))
+        if trainer.max_steps > 10 * self.batch_size:
+            raise ValueError(f"CheckedData: max_steps={trainer.max_steps} is too long")
