@@ -28,24 +28,28 @@ def test_the_library_imports_nothing_of_the_demo() -> None:
     assert "'callbacks" not in loaded
 
 
-def test_recover_knows_the_demo_by_class_path_alone() -> None:
-    """Issue 63: recover (its loop, config, report) loads no demo code until a run names
-    the demo's classes; the demo's defaults are class-path strings."""
+def test_the_tools_know_the_demo_by_class_path_alone() -> None:
+    """Issue 63: the tools (fit, recover, diagnose, check-resume) load no demo code until
+    a run names the demo's classes; the demo's defaults are class-path strings."""
+    tools = ("fit_cli", "recover", "diagnose", "check_resume")
     probe = (
-        "import sys, lit_spikes.tools.recover; "
+        "import sys, importlib; "
+        f"[importlib.import_module('lit_spikes.tools.' + m) for m in {tools}]; "
         "print(sorted(m for m in sys.modules if m.startswith('lit_spikes.')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd="/", check=True, capture_output=True, text=True
     )
-    assert "lit_spikes.demo" not in result.stdout and "demo_seam" not in result.stdout
-    assert "lit_spikes.tools.recover.loop" in result.stdout  # the probe saw the tools load
+    assert "lit_spikes.demo" not in result.stdout
+    for seen in ("recover.loop", "diagnose.subject", "fit_cli", "check_resume"):
+        assert f"lit_spikes.tools.{seen}" in result.stdout  # the probe saw the tools load
 
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SEAM = "lit_spikes.tools.demo_seam"
+LAYERS = ("library", "shared", "tools", "demo")
+"""The floors, from the bottom: each imports only those below it."""
 
 
 LIBRARY = (
@@ -121,8 +125,28 @@ def crossings(graph: dict[str, set[str]]) -> list[str]:
                 found.append(f"{importer} -> {target} (the library imports the {there})")
             elif here == "shared" and there in ("demo", "tools"):
                 found.append(f"{importer} -> {target} (lit_spikes.shared imports the {there})")
-            elif here == "tools" and there == "demo" and importer != SEAM:
-                found.append(f"{importer} -> {target} (a tool past the seam {SEAM})")
+            elif here == "tools" and there == "demo":
+                found.append(f"{importer} -> {target} (a tool imports the demo)")
+    return found
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Floor -> the floors its modules import (the package-level view of ``graph``)."""
+    floors: dict[str, set[str]] = {}
+    for importer, imported in graph.items():
+        here = layer(importer)
+        floors.setdefault(here, set()).update(layer(t) for t in imported if layer(t) != here)
+    return floors
+
+
+def upward(floors: dict[str, set[str]]) -> list[str]:
+    """The floors that import a floor above them (``LAYERS``), or the same pair both ways."""
+    rank = {name: index for index, name in enumerate(LAYERS)}
+    found = []
+    for here, imported in sorted(floors.items()):
+        for there in sorted(imported):
+            if rank.get(there, len(LAYERS)) > rank.get(here, len(LAYERS)):
+                found.append(f"{here} -> {there}")
     return found
 
 
@@ -182,8 +206,16 @@ def test_every_module_is_in_a_layer() -> None:
     assert not unplaced, f"move these into lit_spikes/demo/ or lit_spikes/tools/: {unplaced}"
 
 
-def test_library_and_tools_import_only_down_and_through_the_seam() -> None:
+def test_library_and_tools_import_only_down() -> None:
     assert crossings(import_graph(ROOT)) == []
+
+
+def test_the_packages_import_one_way_down_with_no_circle() -> None:
+    """Issue 63: files apart, the floors too (library, shared, tools, demo): each pair in
+    one direction, downward, so no circle runs through the packages."""
+    floors = package_graph(import_graph(ROOT))
+    assert upward(floors) == [] and circles(floors) == []
+    assert "tools" in floors["demo"] and "library" in floors["tools"]  # the view sees edges
 
 
 def test_no_import_circles() -> None:
@@ -195,16 +227,19 @@ def test_the_checks_see_a_crossing_and_a_circle() -> None:
         "lit_spikes.loader": {"lit_spikes.demo.model"},
         "lit_spikes.shared.plain": {"lit_spikes.tools.fit_cli"},
         "lit_spikes.tools.cli": {"lit_spikes.demo.data", "lit_spikes.tools.fit_cli"},
-        "lit_spikes.tools.fit_cli": {"lit_spikes.tools.cli", SEAM},
-        SEAM: {"lit_spikes.demo.data"},
-        "lit_spikes.demo.data": set(),
+        "lit_spikes.tools.fit_cli": {"lit_spikes.tools.cli"},
+        "lit_spikes.demo.data": {"lit_spikes.tools.progress"},
+        "lit_spikes.tools.progress": set(),
     }
     assert crossings(graph) == [
         "lit_spikes.loader -> lit_spikes.demo.model (the library imports the demo)",
         "lit_spikes.shared.plain -> lit_spikes.tools.fit_cli (lit_spikes.shared imports the tools)",
-        f"lit_spikes.tools.cli -> lit_spikes.demo.data (a tool past the seam {SEAM})",
+        "lit_spikes.tools.cli -> lit_spikes.demo.data (a tool imports the demo)",
     ]
     assert circles(graph) == [["lit_spikes.tools.cli", "lit_spikes.tools.fit_cli"]]
+    floors = package_graph(graph)
+    assert upward(floors) == ["library -> demo", "shared -> tools", "tools -> demo"]
+    assert circles(floors) == [["demo", "tools"]]
 
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80

@@ -14,7 +14,7 @@ import functools
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -424,7 +424,7 @@ class StepDataModule(pl.LightningDataModule):
             map_location: unused (no tensors); accepted as Lightning's is.
             hparams_file: not supported (the file holds the config).
             **kwargs: ``config=`` another ``DataConfig`` (``load_state_dict`` warns where it
-                differs, as at a resume).
+                differs, as at a resume), or a mapping of some of its fields over the file's.
 
         Raises:
             TypeError: ``hparams_file`` or another keyword argument.
@@ -438,7 +438,12 @@ class StepDataModule(pl.LightningDataModule):
                 "checkpoint holds the whole DataConfig"
             )
         checkpoint = load_checkpoint(checkpoint_path, weights_enough=True)
-        datamodule = cls(kwargs.get("config") or data_config_from_checkpoint(checkpoint))
+        config = kwargs.get("config") or data_config_from_checkpoint(checkpoint)
+        if isinstance(config, Mapping):  # some fields, over the file's ("world" merged)
+            saved = plain_config(asdict(data_config_from_checkpoint(checkpoint)))
+            world = {**saved.get("world", {}), **config.get("world", {})}
+            config = data_config_from_dict(saved | dict(config) | {"world": world})
+        datamodule = cls(config)
         state = checkpoint.get(cls.__qualname__)
         if state is not None:
             datamodule.load_state_dict(state)

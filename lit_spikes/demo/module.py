@@ -566,6 +566,8 @@ class TinyGPTModule(pl.LightningModule):
                     "written by another training setup and cannot be resumed here"
                 )
         if not fitting:
+            if "flush_denormal" not in checkpoint.get("hyper_parameters", {}):
+                self.flush_denormal = False  # a file from before the option: not flushed
             return  # the weights are all that validate, test or a new run take from it
         self._restored_for_fit = True
         self.nonfinite_steps = list(entry.get("nonfinite_steps", []))

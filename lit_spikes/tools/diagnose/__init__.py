@@ -52,7 +52,7 @@ from lit_spikes.tools.diagnose.run import diagnose
 from lit_spikes.tools.diagnose.subject import (
     Subject,
     callbacks_from_checkpoint,
-    module_from_checkpoint,
+    from_file,
 )
 from lit_spikes.tools.diagnose.verdict import (
     Cause,
@@ -79,11 +79,11 @@ __all__ = [
     "cause_from_same_data",
     "data_from_args",
     "diagnose",
+    "from_file",
     "given_decimals",
     "logged_loss",
     "logged_losses",
     "main",
-    "module_from_checkpoint",
     "print_verdict",
     "verdict_cause",
 ]

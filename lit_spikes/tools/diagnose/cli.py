@@ -6,10 +6,12 @@ verdict's table and its JSON file."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,6 @@ from rich.console import Console
 from rich.table import Table
 
 from lit_spikes.checkpoints import CheckpointError
-from lit_spikes.shared.plain import plain_config
 from lit_spikes.tools.command_line import (
     add_class_path,
     as_plain,
@@ -28,15 +29,12 @@ from lit_spikes.tools.command_line import (
     config_of,
     parse_config,
 )
-from lit_spikes.tools.demo_seam import (
-    DataConfig,
-    data_config_from_checkpoint,
-    data_config_from_dict,
-)
+from lit_spikes.tools.defaults import DEMO_DATA
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.replay import CheckpointReads
 from lit_spikes.tools.diagnose.run import diagnose
 from lit_spikes.tools.diagnose.verdict import Verdict
+from lit_spikes.tools.factories import ClassPath
 from lit_spikes.tools.run_record import announce, read_record, record_path
 from lit_spikes.tools.training import unwritable_directory
 
@@ -153,16 +151,14 @@ def _data_file(path: Path) -> dict[str, Any]:
     return dict(loaded)
 
 
-def data_from_args(
-    command: DiagnoseCommand, reads: CheckpointReads | None = None
-) -> DataConfig | None:
-    """The built-in data's ``DataConfig``: the checkpoint's, with ``--data_config`` (a
-    JSON or YAML file of its fields, a recover ledger or config, or ``lit-spikes fit``'s
-    config.yaml) and the other data options on top (None: none given, ``diagnose`` takes
-    the run's).
+def data_from_args(command: DiagnoseCommand) -> dict[str, Any] | None:
+    """The built-in data's settings the options give: ``--data_config`` (a JSON or YAML
+    file of its fields, a recover ledger or config, or ``lit-spikes fit``'s config.yaml)
+    with ``--data_seed``, ``--batch_size`` and ``--poison`` on top; the data class puts
+    them over the checkpoint's own (None: none given, ``diagnose`` takes the run's).
 
     Raises:
-        ValueError: an unreadable file or a value ``DataConfig`` refuses.
+        ValueError: an unreadable file.
     """
     values = _data_file(command.data_config) if command.data_config is not None else {}
     for key, value in (("seed", command.data_seed), ("batch_size", command.batch_size)):
@@ -170,20 +166,25 @@ def data_from_args(
             values[key] = value
     if command.poison:
         values["poison"] = list(command.poison)
-    if not values:
-        return None
-    # On top of what the checkpoint holds (all of the data config, or its seed in files
-    # from before); an unreadable file is reported by diagnose itself.
+    return values or None
+
+
+def built_in_data(command: DiagnoseCommand, values: dict[str, Any]) -> Any:
+    """The built-in data (``DEMO_DATA``, by class path) with ``values`` over the settings
+    the checkpoint holds (its ``load_from_checkpoint``), a factory of copies.
+
+    Raises:
+        ValueError: a value the data's config refuses, or a file it cannot read.
+    """
+    klass: Any = ClassPath(DEMO_DATA).klass(pl.LightningDataModule, "data")
     try:
-        checkpoint = (reads or CheckpointReads())(command.ckpt_path)
-        base = plain_config(asdict(data_config_from_checkpoint(checkpoint)))
-    except CheckpointError:
-        base = {}
-    world = {**base.get("world", {}), **values.get("world", {})}
-    try:
-        return data_config_from_dict(base | values | ({"world": world} if world else {}))
-    except TypeError as error:
-        raise ValueError(f"--data_config {command.data_config}: {error}") from None
+        with warnings.catch_warnings():  # "other data than the run's": at each replay
+            warnings.simplefilter("ignore")
+            built = klass.load_from_checkpoint(command.ckpt_path, config=values)
+    except (TypeError, ValueError) as error:
+        given = f"--data_config {command.data_config}" if command.data_config else "data"
+        raise ValueError(f"{given}: {error}") from None
+    return lambda: copy.deepcopy(built)
 
 
 def _json_value(value: Any) -> Any:
@@ -215,13 +216,15 @@ def _run(parser: ArgumentParser, config: DiagnoseConfig, parsed: Any) -> Verdict
     model, data = as_plain(parsed.get("model")), as_plain(parsed.get("data"))
     clip = command.gradient_clip_val
     try:
-        reads = CheckpointReads()  # the data config's file is the first replay's
-        own = data_from_args(command, reads)
-        if own is not None and data is not None:
+        reads = CheckpointReads()
+        values = data_from_args(command)
+        if values is not None and data is not None:
             raise ValueError(
                 "--data_config, --data_seed, --batch_size and --poison are the built-in "
                 "StepDataModule's: give the settings of --data as --data.init_args.NAME"
             )
+        reads(command.ckpt_path)  # a broken file: its own error, before the data's
+        own = built_in_data(command, values) if values is not None else None
         if (record := record_path(command.ckpt_path)) is not None and record.is_file():
             read_record(record)  # its class paths checked before the line says it is read
             announce(record)

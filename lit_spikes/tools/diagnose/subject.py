@@ -2,12 +2,15 @@
 afresh for every replay. Each comes from what the caller gives (a factory, or a class path
 with its ``init_args`` as ``lit-spikes fit`` takes it), else from the run's own record:
 the ``config.yaml`` that ``lit-spikes fit`` saved beside the checkpoint's run, else the
-file itself (``TinyGPTModule`` and ``StepDataModule`` are rebuilt from the settings it
-holds, the callbacks from their state keys, as a ``lit-spikes fit`` resume does)."""
+file itself: a class given without ``init_args`` (or the default, the demo's, by class
+path) as its ``load_from_checkpoint`` builds it (Lightning's, from the file's
+hyperparameters, or the class's own), the callbacks from their state keys, as a
+``lit-spikes fit`` resume does."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +28,6 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
-from lit_spikes.tools.demo_seam import (
-    DataConfig,
-    GPTConfig,
-    OptimConfig,
-    StepDataModule,
-    TinyGPTModule,
-    data_config_from_checkpoint,
-)
 from lit_spikes.tools.factories import ClassPath, Instantiate, factory_of
 from lit_spikes.tools.resume_callbacks import callbacks_to_resume
 from lit_spikes.tools.run_record import read_record, record_path
@@ -52,12 +47,7 @@ change none of its numbers (a replay has its own directory, lock and logger)."""
 
 ModelSource = Callable[[], pl.LightningModule] | str | ClassPath | Mapping[str, Any] | type
 DataSource = (
-    Callable[[], pl.LightningDataModule | None]
-    | DataConfig
-    | str
-    | ClassPath
-    | Mapping[str, Any]
-    | type
+    Callable[[], pl.LightningDataModule | None] | str | ClassPath | Mapping[str, Any] | type
 )
 CallbacksSource = Sequence[Callback] | Callable[[], Sequence[Callback]]
 
@@ -73,29 +63,31 @@ def run_config(ckpt_path: Path) -> dict[str, Any]:
     return read_record(record_path(ckpt_path))  # its class paths checked: RecordError
 
 
-def module_from_checkpoint(checkpoint: dict[str, Any]) -> TinyGPTModule:
-    """A fresh TinyGPTModule of the checkpoint's settings (the fit then restores its state).
+def from_file(path: ClassPath, base: type, ckpt_path: Path, **kwargs: Any) -> Callable[[], Any]:
+    """A factory of the class at ``path`` as ``Class.load_from_checkpoint(ckpt_path,
+    **kwargs)`` builds it: Lightning's, from the file's hyperparameters (a module's
+    ``hyper_parameters``, a data module's ``datamodule_hyper_parameters`` and state), or
+    the class's own where it overrides it (the demo's data: the config its state holds).
+    Built once here, so its error comes before any replay, and copied for each replay
+    (the file read once more, not once a replay; the fit restores its state anyway).
 
     Raises:
-        ValueError: a checkpoint of another module (no TinyGPT settings in it).
+        ValueError: a class the file does not build (another module's checkpoint).
     """
-    hparams = checkpoint.get("hyper_parameters") or {}
-    if not all(key in hparams for key in ("gpt", "optim", "model_seed", "train_seed")):
+    klass: Any = path.klass(base, path.class_path)  # a LightningModule or -DataModule
+    try:
+        with warnings.catch_warnings():  # a data module's: again at each replay's restore
+            warnings.simplefilter("ignore")
+            built = klass.load_from_checkpoint(ckpt_path, map_location="cpu", **kwargs)
+    except (TypeError, KeyError, ValueError, RuntimeError) as error:
+        said = str(error).splitlines()[0] if str(error) else type(error).__name__
+        what = "model" if issubclass(klass, pl.LightningModule) else "data"
         raise ValueError(
-            "the checkpoint is not of lit-spikes' TinyGPTModule (its hyper_parameters hold "
-            f"{sorted(hparams) or 'nothing'}): give its module, model=<factory or class path> "
-            "(--model CLASS_PATH), or diagnose a file of a run lit-spikes fit saved a "
-            "config.yaml for"
-        )
-    return TinyGPTModule(
-        gpt=GPTConfig(**hparams["gpt"]),
-        optim=OptimConfig(**hparams["optim"]),
-        model_seed=hparams["model_seed"],
-        train_seed=hparams["train_seed"],
-        num_threads=hparams["num_threads"],
-        # Files written before the option existed were trained without flushing.
-        flush_denormal=hparams.get("flush_denormal", False),
-    )
+            f"{ckpt_path} does not build {klass.__name__} (its load_from_checkpoint: "
+            f"{said}): give its {what}, {what}=<factory or class path> (--{what} "
+            "CLASS_PATH), or diagnose a file of a run lit-spikes fit saved a config.yaml for"
+        ) from None
+    return lambda: copy.deepcopy(built)
 
 
 def _spec(value: Any, what: str) -> ClassPath | None:
@@ -117,46 +109,44 @@ def _built(path: ClassPath, base: type, what: str) -> Callable[[], Any]:
 
 def _model_path(model: ModelSource | None, saved: dict[str, Any]) -> ClassPath | None:
     """The class path of the run's module: ``model``'s, else its ``config.yaml``'s (None:
-    a factory, or neither: TinyGPTModule)."""
+    a factory, or neither: the demo's)."""
     if model is not None:
         return _spec(model, "model")
     return _spec(saved.get("model"), "config.yaml model")
 
 
 def model_factory(
-    model: ModelSource | None, checkpoint: dict[str, Any], saved: dict[str, Any]
+    model: ModelSource | None, ckpt_path: Path, saved: dict[str, Any]
 ) -> Callable[[], pl.LightningModule]:
     """The run's module: ``model`` (a factory or a class path), else the ``model`` of the
-    run's ``config.yaml``, else TinyGPTModule; TinyGPTModule from the checkpoint's settings.
+    run's ``config.yaml``, else the demo's (``DEMO_MODEL``) as its ``load_from_checkpoint``
+    builds it (``from_file``). A class path is built as ``lit-spikes fit`` builds it (no
+    ``init_args``: the class's defaults).
 
     Raises:
-        ValueError: a class path that does not import, or is no LightningModule; no module
-            given for a checkpoint of another.
+        ValueError: a class path that does not import, or is no LightningModule; a file
+            the class does not build (no module given for another's checkpoint).
     """
     path = _model_path(model, saved)
     if model is not None and path is None:
         return factory_of(model, pl.LightningModule, "model")
-    if path is None or path.class_path == DEMO_MODEL:
-        module_from_checkpoint(checkpoint)  # its error now, before anything trains
-        return lambda: module_from_checkpoint(checkpoint)
+    if path is None:
+        return from_file(ClassPath(DEMO_MODEL), pl.LightningModule, ckpt_path)
     return _built(path, pl.LightningModule, "model")
 
 
 def data_factory(
-    data: DataSource | None, checkpoint: dict[str, Any], saved: dict[str, Any], own_model: bool
+    data: DataSource | None, ckpt_path: Path, saved: dict[str, Any], own_model: bool
 ) -> Callable[[], pl.LightningDataModule | None]:
-    """The run's data: ``data`` (a factory, a class path, or a ``DataConfig`` of
-    StepDataModule's), else the ``data`` of the run's ``config.yaml``, else StepDataModule
-    for TinyGPTModule (the module's own dataloaders for another); StepDataModule of the
-    data config the checkpoint holds unless given a ``DataConfig`` (its class path's
-    ``init_args`` are not used: the file holds its settings, as it holds TinyGPT's).
+    """The run's data: ``data`` (a factory or a class path), else the ``data`` of the
+    run's ``config.yaml``, else the demo's (``DEMO_DATA``) for the demo's module (the
+    module's own dataloaders for another); a class whose ``load_from_checkpoint`` is its
+    own (its file holds its settings: the demo's) as that builds it (``from_file``), its
+    ``init_args`` unused; another as ``lit-spikes fit`` builds it.
 
     Raises:
         ValueError: a class path that does not import, or is no LightningDataModule.
     """
-    if isinstance(data, DataConfig):
-        config = data
-        return lambda: StepDataModule(config)
     if data is not None and _spec(data, "data") is None:
         return factory_of(data, pl.LightningDataModule, "data")
     if data is None and "data" in saved and saved["data"] is None:
@@ -164,10 +154,17 @@ def data_factory(
     path = _spec(data, "data") or _spec(saved.get("data"), "config.yaml data")
     if path is None and not own_model:
         return lambda: None
-    if path is None or path.class_path == DEMO_DATA:  # another config: give a DataConfig
-        config = data_config_from_checkpoint(checkpoint)
-        return lambda: StepDataModule(config)
+    path = path or ClassPath(DEMO_DATA)
+    if _own_loading(path.klass(pl.LightningDataModule, "data")):
+        return from_file(path, pl.LightningDataModule, ckpt_path)
     return _built(path, pl.LightningDataModule, "data")
+
+
+def _own_loading(klass: type) -> bool:
+    """Whether ``klass`` overrides Lightning's ``load_from_checkpoint``."""
+    own = getattr(klass, "load_from_checkpoint", None)
+    lightning = pl.LightningDataModule.load_from_checkpoint
+    return getattr(own, "__func__", own) is not getattr(lightning, "__func__", lightning)
 
 
 def callbacks_from_checkpoint(
@@ -213,13 +210,13 @@ def subject_of(
 
     Raises:
         ValueError: a class path that does not import or is of the wrong kind; no module
-            given for a checkpoint of another than TinyGPTModule.
+            given for a checkpoint the demo's module does not load.
     """
     saved = run_config(ckpt_path)
     path = _model_path(model, saved)
     own_model = path.class_path == DEMO_MODEL if path is not None else model is None
     return Subject(
-        model_factory(model, checkpoint, saved),
-        data_factory(data, checkpoint, saved, own_model),
+        model_factory(model, ckpt_path, saved),
+        data_factory(data, ckpt_path, saved, own_model),
         callbacks,
     )

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks import LRScaler, SpikeDetector
-from lit_spikes.demo.data import DataConfig
+from lit_spikes.demo.data import DataConfig, StepDataModule, data_config_from_dict
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
 from lit_spikes.tools.training import checkpoint_path
@@ -63,7 +64,7 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     verdict = diagnose(
         checkpoint_path(run_dir, K),
         28,
-        data=data,
+        data=partial(StepDataModule, data),
         earlier_ckpt=checkpoint_path(run_dir, EARLIER),
         log_root=tmp_path / "replays",
     )
@@ -81,7 +82,9 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
     # Flagged again, but not the loss the run had (a fault that only made the spike
     # larger): not this run's spike
     larger = verdict.original_loss + 0.1234567
-    other_loss = diagnose(checkpoint_path(run_dir, K), 28, data=data, original_loss=larger)
+    other_loss = diagnose(
+        checkpoint_path(run_dir, K), 28, data=partial(StepDataModule, data), original_loss=larger
+    )
     assert 28 in other_loss.same_data.flagged and other_loss.same_data.bit_equal is False
     assert other_loss.cause == "not-reproducible", other_loss.evidence
 
@@ -94,13 +97,13 @@ def test_a_run_of_another_cpu_is_not_called_a_fault_for_its_last_bits(
     data = replace(TINY_DATA, poison=(28,))
     original_run(tmp_path, "poison", data, [])
     ckpt = checkpoint_path(tmp_path / "poison", K)
-    logged = diagnose(ckpt, 28, data=data).original_loss
+    logged = diagnose(ckpt, 28, data=partial(StepDataModule, data)).original_loss
     assert logged is not None
     last_bits = float(torch.nextafter(torch.tensor(logged), torch.tensor(9.0)))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the resume's own "cpu: ... not bit-exact"
-        verdict = diagnose(ckpt, 28, data=data, original_loss=last_bits)
+        verdict = diagnose(ckpt, 28, data=partial(StepDataModule, data), original_loss=last_bits)
     assert verdict.same_data.bit_equal is None and verdict.cause == "data-caused", verdict.evidence
     assert "bit-equality cannot be told here (cpu " in verdict.evidence[0]
 
@@ -157,20 +160,23 @@ def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
     rebuilt = callbacks_from_checkpoint(load_ckpt(ckpt), ckpt)  # as a fit resume rebuilds them
     assert [type(cb).__name__ for cb in rebuilt] == ["LRScaler", "ExactResume"]  # no detector
     assert rebuilt[0].state_dict() == jump.state_dict()
-    verdict = diagnose(ckpt, 26, data=TINY_DATA)  # callbacks=None: rebuilt from the file
+    verdict = diagnose(
+        ckpt, 26, data=partial(StepDataModule, TINY_DATA)
+    )  # callbacks=None: rebuilt from the file
     assert verdict.cause == "state-caused", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.other_data is not None
     assert verdict.other_data.spiked and verdict.other_data.skipped == (21, 52)
     # Replayed without the LR jump the spike does not come back at all: the replay must
     # train as the original did, which is why the callbacks are rebuilt from the file.
-    without = diagnose(ckpt, 26, data=TINY_DATA, callbacks=[])
+    without = diagnose(ckpt, 26, data=partial(StepDataModule, TINY_DATA), callbacks=[])
     assert without.cause == "not-reproducible"
 
 
 def test_one_off_noise_in_the_original_run_is_not_reproducible(tmp_path: Path) -> None:
     spikes = original_run(tmp_path, "noise", TINY_DATA, [OneOffNoise(28)])
     assert spikes and spikes[0] == 28, spikes
-    verdict = diagnose(checkpoint_path(tmp_path / "noise", K), 28, data=TINY_DATA)
+    ckpt = checkpoint_path(tmp_path / "noise", K)
+    verdict = diagnose(ckpt, 28, data=partial(StepDataModule, TINY_DATA))
     # Each assert says what it saw (the noise was fresh entropy once: a failure seen in a
     # full suite run, never on its own in 50 tries, could not be replayed).
     assert verdict.cause == "not-reproducible", verdict.evidence
@@ -282,7 +288,8 @@ def test_data_config_reads_the_recover_yaml() -> None:
     args = command(
         "--ckpt_path", "unused.ckpt", "--spike_step", "150", "--data_config", recover_yaml
     )
-    assert data_from_args(args) == DataConfig()  # configs/recover.yaml holds the defaults
+    values = data_from_args(args)
+    assert values is not None and data_config_from_dict(values) == DataConfig()  # the defaults
 
 
 def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
@@ -296,18 +303,23 @@ def test_data_config_reads_lit_spikes_fits_config_yaml(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     argv = ["--ckpt_path", "unused.ckpt", "--spike_step", "5", "--data_config"]
     args = command(*argv, str(tmp_path / "config.yaml"))
-    assert data_from_args(args) == DataConfig(seed=3, batch_size=4)
+    assert data_from_args(args) == {"seed": 3, "batch_size": 4}
 
 
 def test_a_partial_data_config_file_goes_on_top_of_the_checkpoints(tmp_path: Path) -> None:
+    """The options' values over the file's: the built-in data's ``load_from_checkpoint``
+    merges them (the tools know it by class path alone)."""
     from lit_spikes.tools.diagnose import data_from_args
+    from lit_spikes.tools.diagnose.cli import built_in_data
 
     fit(tmp_path, "run", 5, optim=OPTIM, data=TINY_DATA, checkpoint_every=5)
     (tmp_path / "data.json").write_text(json.dumps({"seed": 5, "world": {"num_people": 10}}))
     argv = ["--ckpt_path", str(checkpoint_path(tmp_path / "run", 5)), "--spike_step", "9"]
     args = command(*argv, "--data_config", str(tmp_path / "data.json"))
     world = replace(TINY_DATA.world, num_people=10)  # num_chars stays the checkpoint's
-    assert data_from_args(args) == replace(TINY_DATA, seed=5, world=world)
+    values = data_from_args(args)
+    assert values == {"seed": 5, "world": {"num_people": 10}}
+    assert built_in_data(args, values)().config == replace(TINY_DATA, seed=5, world=world)
 
 
 def test_a_rounded_original_loss_leaves_replay_c_compared_to_the_bit(tmp_path: Path) -> None:

@@ -333,7 +333,7 @@ def test_the_runs_own_loss_curve_is_found_and_named(tmp_path: Path) -> None:
 
 def test_the_module_is_asked_for_where_the_file_cannot_say(tmp_path: Path) -> None:
     run = original_run(tmp_path, "bare", JumpRegressor(), StepRegressionData())
-    with pytest.raises(ValueError, match=r"not of lit-spikes' TinyGPTModule .*give its module"):
+    with pytest.raises(ValueError, match=r"does not build TinyGPTModule .*give its model"):
         diagnose(checkpoint_path(run, K), SPIKE, CONFIG)
     with pytest.raises(
         ValueError, match=r"model='tests.modules.spiky_modules.Nothing': .*no class"
