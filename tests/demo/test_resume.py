@@ -363,6 +363,21 @@ def test_setup_applies_flush_denormal(tmp_path: Path, flush: bool) -> None:
     assert saved["hyper_parameters"]["flush_denormal"] is flush
 
 
+def test_a_file_from_before_flush_denormal_loads_as_its_run_trained(tmp_path: Path) -> None:
+    """Files written before the option existed were trained without flushing:
+    ``load_from_checkpoint`` (diagnose's rebuild of the demo's run) builds them so."""
+    from lit_spikes.demo.module import TinyGPTModule
+
+    reference = fit(tmp_path, "reference", EVERY, checkpoint_every=EVERY)
+    checkpoint = load_ckpt(checkpoint_path(reference.spec.run_dir, EVERY))
+    assert TinyGPTModule.load_from_checkpoint(
+        checkpoint_path(reference.spec.run_dir, EVERY)
+    ).flush_denormal
+    del checkpoint["hyper_parameters"]["flush_denormal"]
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    assert TinyGPTModule.load_from_checkpoint(tmp_path / "old.ckpt").flush_denormal is False
+
+
 def test_flush_denormal_enabled_reads_the_thread_state() -> None:
     from lit_spikes.callbacks.fingerprint import flush_denormal_enabled
     from lit_spikes.demo.module import set_flush_denormal
