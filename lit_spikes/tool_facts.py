@@ -15,13 +15,15 @@ ValMode = Literal["min", "max"]
 
 @dataclass(frozen=True)
 class Column:
-    """An extra column of recover's comparison table: the largest value of a per-step
-    record key from the first spike's step on (the demo's largest attention logit)."""
+    """An extra column of recover's comparison table (the largest value of a per-step
+    record key from the first spike's step on, headed ``<header> after 1st spike``) and
+    of diagnose's replays (its largest over the replayed steps): the demo's largest
+    attention logit."""
 
     key: str
     """The per-step record key (a ``history`` key of the module, e.g. ``max_logit``)."""
     header: str
-    """The column's header in the table."""
+    """What the column holds, as the tables head it (``"max attn logit"``)."""
     digits: int = 3
     """Digits after the point."""
 

@@ -638,6 +638,13 @@ MUTATIONS = [
         (FACTS + "test_fit_records_the_modules_validation_metric_for_the_hparams_view",),
     ),
     Mutation(
+        "diagnose_columns_not_the_modules",  # diagnose's table: no column the module states
+        "lit_spikes/tools/diagnose/run.py",
+        "    verdict.columns = facts.columns\n",
+        "    verdict.columns = ()\n",
+        (FACTS + "test_diagnose_shows_the_modules_columns_and_no_other",),
+    ),
+    Mutation(
         "modules_own_checks_not_run",  # the module's ChecksItsRun never asked (its data's is)
         "lit_spikes/tools/fit_own_data.py",
         "    for owner in (model, datamodule):\n",

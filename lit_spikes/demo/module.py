@@ -44,8 +44,8 @@ STEP_SCALARS = ("loss", "max_logit", "lr", "grad_norm", "position")
 DETECTOR_RULE = {"ratio": 1.4, "window": 20}
 """The demo's spike rule: its spike at 1.65x the mean is caught, and its healthy steps
 stay below 1.4x (docs/detector.md)."""
-MAX_LOGIT_COLUMN = Column("max_logit", "max attn logit after 1st spike", digits=1)
-"""recover's comparison column of the largest attention logit after the first spike."""
+MAX_LOGIT_COLUMN = Column("max_logit", "max attn logit", digits=1)
+"""The tools' column of the largest attention logit (recover's: after the first spike)."""
 
 CHECKPOINT_KEY = "lit_spikes"
 """Top-level key of the module's checkpoint entry (model config, skipped steps)."""

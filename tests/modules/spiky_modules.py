@@ -264,7 +264,7 @@ class FactRegressor(JumpRegressor):
             val_mode="max",
             run_steps=self.run_steps,
             warmup_steps=self.warmup_steps,
-            columns=(Column("lr", "largest LR after 1st spike", digits=2),),
+            columns=(Column("lr", "largest LR", digits=2),),
         )
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

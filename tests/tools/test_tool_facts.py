@@ -217,3 +217,24 @@ def test_recovers_events_name_the_modules_validation_metric(facts_run: Path) -> 
     assert events and all("val_score" in e and "val_bpc" not in e for e in events)
     done = events[-1]
     assert done["event"] == "done" and done["val_score"] == read_ledger(facts_run).totals.val[1]
+
+
+def test_diagnose_shows_the_modules_columns_and_no_other(facts_run: Path) -> None:
+    """diagnose's table had a "max attn logit" column of n/a for every module: now the
+    module's own columns (``FactRegressor``: its largest LR), none for one that states none."""
+    from lit_spikes.tools.diagnose import Replay, Verdict, diagnose, print_verdict
+
+    ckpt = next(facts_run.glob("*/checkpoints/step=20.ckpt"))
+    model = {"class_path": FACTS, "init_args": {"jump_step": 30}}
+    verdict = diagnose(ckpt, 31, model=model, data=DATA)
+    assert [c.key for c in verdict.columns] == ["lr"] and verdict.same_data.extra["lr"] == 2.0
+
+    def table(columns: tuple[Column, ...]) -> str:
+        console = Console(width=200, record=True)
+        same = Replay("same", 20, None, 3.0, 3.5, {"lr": 2.0}, [31], True, 40)
+        print_verdict(Verdict("no-spike", 31, 20, "x", 3.0, same, None, None, [], columns), console)
+        return console.export_text()
+
+    assert "largest LR" in table(verdict.columns) and " 2.00 " in table(verdict.columns)
+    plain = table(())
+    assert "attn logit" not in plain and "largest LR" not in plain and "n/a" not in plain

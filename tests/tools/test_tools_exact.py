@@ -284,7 +284,7 @@ def test_a_bump_far_smaller_than_the_spike_is_not_its_recurrence(cycle_run: Path
 def test_the_no_spike_advice_names_options_that_exist() -> None:
     from lit_spikes.tools.diagnose import build_parser, explain
 
-    same = Replay("r", 20, None, 3.0, 3.0, None, [], True, 40)  # a fresh detector's
+    same = Replay("r", 20, None, 3.0, 3.0, {}, [], True, 40)  # a fresh detector's
     named = set(re.findall(r"--[a-z_.-]+", explain.no_spike_line(28, same, 3.0)))
     usage = " ".join(build_parser().format_help().split())
     assert named and [name for name in named if f"{name} " not in usage] == []
@@ -293,7 +293,7 @@ def test_the_no_spike_advice_names_options_that_exist() -> None:
 def replay(flagged: list[int], excess: float, at_spike: float | None = None) -> Replay:
     spike = {} if at_spike is None else {"loss": at_spike}
     return Replay(
-        "r", 20, None, 3.0, 3.0, None, flagged, True, 40, 0.0, True, {"loss": excess}, spike
+        "r", 20, None, 3.0, 3.0, {}, flagged, True, 40, 0.0, True, {"loss": excess}, spike
     )
 
 

@@ -88,8 +88,8 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     table.add_column("replay")
     table.add_column("from step", justify="right")
     table.add_column("data", justify="left")
-    for column in ("loss @spike", "max loss", "max attn logit"):
-        table.add_column(column, justify="right")
+    for header in ("loss @spike", "max loss", *(c.header for c in verdict.columns)):
+        table.add_column(header, justify="right")
     table.add_column("bit-equal")
     table.add_column("flagged steps")
     for replay in (verdict.same_data, verdict.other_data, verdict.earlier):
@@ -103,7 +103,7 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
             else f"skip {replay.skipped[0]}-{replay.skipped[1] - 1}",
             f"{replay.loss_at_spike:.4f}",
             f"{replay.max_loss:.4f}",
-            "n/a" if replay.max_logit is None else f"{replay.max_logit:.1f}",
+            *(_cell(replay.extra.get(c.key), c.digits) for c in verdict.columns),
             "n/a" if replay.bit_equal is None else str(replay.bit_equal),
             ", ".join(map(str, replay.flagged)) or "none",
         )
@@ -113,6 +113,10 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     for line in verdict.evidence:
         console.print(f"  {line}")
     console.print(f"Verdict: [bold]{verdict.cause}[/bold]")
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def build_parser() -> ArgumentParser:

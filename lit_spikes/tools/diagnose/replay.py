@@ -23,7 +23,7 @@ from lit_spikes.callbacks import BatchSkipper, SpikeDetector
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.loader import positioned
-from lit_spikes.tool_facts import ToolFacts
+from lit_spikes.tool_facts import Column, ToolFacts
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.subject import Subject
@@ -90,10 +90,11 @@ def logged_loss(run_dir: Path, step: int, tags: Sequence[str] = LOSS_TAGS) -> fl
 class StepRecorder(Callback):
     """Each step's numbers as plain floats, by step: ``loss`` (what ``training_step``
     returned), ``position`` (the data position the step trained on: its step where the
-    data is not positioned), the ``names`` the detector watches (``grad_norm`` before any
-    clipping; others from ``callback_metrics``), and whatever the module's own record of
-    the step holds (TinyGPTModule's ``history``: its ``max_logit``). First among the
-    callbacks: it measures the gradients before a remedy drops them."""
+    data is not positioned), ``lr`` (the first optimizer's as the step began), the
+    ``names`` the detector watches (``grad_norm`` before any clipping; others from
+    ``callback_metrics``), and whatever the module's own record of the step holds (its
+    ``history``: the demo's ``max_logit``). First among the callbacks: it measures the
+    gradients before a remedy drops them."""
 
     def __init__(self, names: Sequence[str] = ()) -> None:
         self.names = tuple(names)
@@ -102,7 +103,7 @@ class StepRecorder(Callback):
         """A step after the first drew from torch's RNG (dropout): where the checkpoint
         holds no RNG states, a replay's draws are not the run's."""
         self._step = 0
-        self._grad_norm = math.nan
+        self._grad_norm = self._lr = math.nan
         self._rng: torch.Tensor | None = None
 
     @override
@@ -110,6 +111,9 @@ class StepRecorder(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step, self._grad_norm = trainer.global_step, math.nan
+        # The LR as the step begins, as recover's history records it (a column's key)
+        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+        self._lr = float(groups[0]["lr"]) if groups else math.nan
 
     def mark_step_start(self) -> None:
         """The RNG state the step's own draws start from (``StepStart`` calls it after
@@ -137,6 +141,7 @@ class StepRecorder(Callback):
             "step": step,
             "loss": float(loss) if isinstance(loss, torch.Tensor) else math.nan,
             "position": data.position_of_step(step) if data is not None else step,
+            "lr": self._lr,
         }
         for name in (n for n in self.names if n != "loss"):
             value = trainer.callback_metrics.get(name)
@@ -260,6 +265,8 @@ class Replayer:
     """The run's logged loss by step: a replay's first steps are checked against it."""
     unlike: list[str] = field(default_factory=list)
     """The last replay's settings that the checkpoint records otherwise (``unlike``)."""
+    columns: tuple[Column, ...] = ()
+    """The module's extra columns (``ToolFacts.columns``): each replay's largest value."""
 
     def settings(self) -> str:
         """What the replays train with that the run's record decides: its length and
@@ -363,9 +370,10 @@ class Replayer:
             skipped=skipped,
             loss_at_spike=loss,
             max_loss=max(float(r["loss"]) for r in judged),
-            max_logit=max(
-                (float(r["max_logit"]) for r in judged if "max_logit" in r), default=None
-            ),
+            extra={
+                c.key: max((float(r[c.key]) for r in judged if c.key in r), default=None)
+                for c in self.columns
+            },
             flagged=flagged,
             bit_equal=None if self.incomparable and not equal else equal,
             last_step=max(records),

@@ -87,7 +87,8 @@ def diagnose(
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
     end = _end_after(ckpt_path, checkpoint, spike_step)
     subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
-    judge = judge_of(config.detector, checkpoint, lambda: facts_of(subject.model()))
+    facts = facts_of(subject.model())  # one module, built to be read
+    judge = judge_of(config.detector, checkpoint, lambda: facts)
     trainer_kwargs = _replayed_trainer(ckpt_path, checkpoint, trainer_kwargs)
     tags = _loss_tags(config, judge)
     original, tag = original_loss, None
@@ -97,12 +98,14 @@ def diagnose(
         root = Path(log_root) if log_root is not None else Path(temp)
         replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
         replayer.judge, replayer.end_step = judge, None if end is None else end[0]
+        replayer.columns = facts.columns
         replayer.incomparable = _incomparable(checkpoint)
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
         replayer.logged = logged_curve(ckpt_path.parent.parent, tags)[1]
         verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
     # After replay (a)'s line, which stays the first
     verdict.evidence[1:1] = _notes(judge, tag, spike_step + config.horizon + 1, end)
+    verdict.columns = facts.columns
     return verdict
 
 

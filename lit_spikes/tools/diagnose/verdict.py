@@ -8,6 +8,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from lit_spikes.tool_facts import Column
+
 Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
 
 RECURRENCE = 0.5
@@ -32,9 +34,9 @@ class Replay:
     loss_at_spike: float
     max_loss: float
     """Largest loss from ``window_before`` steps before the spike to the replay's end."""
-    max_logit: float | None
-    """Largest attention logit over the same steps (None: a module that records none,
-    any but TinyGPTModule)."""
+    extra: dict[str, float | None]
+    """By key of the module's ``ToolFacts.columns``, its largest value over the same steps
+    (None: the replay records none; the demo's ``max_logit``, its largest attention logit)."""
     flagged: list[int]
     """Steps the detector flags in that range."""
     bit_equal: bool | None
@@ -85,6 +87,8 @@ class Verdict:
     """None when the spike did not come back with the same data (no point asking)."""
     earlier: Replay | None
     evidence: list[str]
+    columns: tuple[Column, ...] = ()
+    """The module's extra columns (``ToolFacts.columns``): the replays' ``extra``."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -78,7 +78,8 @@ def _cells(
         cells.append([facts.val_name, last_validation(records, facts), 3])
     cells.append(["spikes flagged", spikes, None])
     for column in facts.columns:
-        cells.append([column.header, _largest_after(records, column.key, first), column.digits])
+        header = f"{column.header} after 1st spike"
+        cells.append([header, _largest_after(records, column.key, first), column.digits])
     return cells
 
 

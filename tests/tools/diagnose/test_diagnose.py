@@ -401,7 +401,7 @@ def replay(flagged: list[int], bit_equal: bool | None, loss: float = 3.0) -> Any
     """A replay of plain numbers: the verdict depends on nothing else."""
     from lit_spikes.tools.diagnose import Replay
 
-    return Replay("r", 20, None, loss, loss, 10.0, flagged, bit_equal, 40)
+    return Replay("r", 20, None, loss, loss, {"max_logit": 10.0}, flagged, bit_equal, 40)
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ def test_an_lr_jump_of_any_module_is_state_caused(tmp_path: Path) -> None:
     assert verdict.cause == "state-caused", verdict.evidence
     same, other = verdict.same_data, verdict.other_data
     assert same.bit_equal and same.loss_at_spike == verdict.original_loss, verdict.evidence
-    assert SPIKE + 1 in same.flagged and same.max_logit is None  # no attention here
+    assert SPIKE + 1 in same.flagged and same.extra == {}  # no columns stated
     assert other is not None and other.skipped == (SPIKE + 1 - 5, SPIKE + 1 + 11)
     assert other.spiked, verdict.evidence  # other data, the same jump: a spike still
     # Replayed without the jump (another module's settings) it does not come back at all.
