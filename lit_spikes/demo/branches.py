@@ -44,6 +44,7 @@ from lit_spikes.checkpoints import checkpoint_step
 from lit_spikes.demo.data import DataConfig, StepDataModule
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
+from lit_spikes.demo.tensorboard import HPARAM_METRIC
 from lit_spikes.tools.tb import write_hparams
 from lit_spikes.tools.training import RunSpec, quiet_branches
 
@@ -238,6 +239,7 @@ def run_branch(
             branch_hparams(branch),
             float(bpc) if bpc is not None else float("nan"),
             int(module.history[-1]["step"]),
+            HPARAM_METRIC,
         )
     return BranchResult(
         name=branch.name,

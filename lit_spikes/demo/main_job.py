@@ -57,6 +57,7 @@ from lit_spikes.demo.demos import (
     print_demo2,
     print_demo3,
 )
+from lit_spikes.demo.tensorboard import LAYOUT
 from lit_spikes.tools.command_line import command_parser, parse_config
 from lit_spikes.tools.tb import write_summary
 from lit_spikes.tools.training import unwritable_directory
@@ -340,11 +341,13 @@ def _run_main_job(
         if demo1 is not None:
             print_demo1(setup, demo1, console)
             table = markdown_table(*demo1_columns(setup, demo1))
-            write_summary(setup.log_root / "demo1", {"demo1/table": table})
+            write_summary(setup.log_root / "demo1", {"demo1/table": table}, LAYOUT)
         if demo2 is not None and ledger is not None:
             write_ledger(setup, ledger)
             table = markdown_table(*demo2_columns(setup, demo2))
-            write_summary(setup.log_root / "demo2", {"demo2/table": f"{table}\n\n{REFERENCE_NOTE}"})
+            write_summary(
+                setup.log_root / "demo2", {"demo2/table": f"{table}\n\n{REFERENCE_NOTE}"}, LAYOUT
+            )
             if 2 in demos:
                 print_demo2(setup, demo2, console)
         if 3 in demos:

@@ -24,10 +24,6 @@ def hparam_tag(val_metric: str) -> str:
     return "hp/" + val_metric.replace("/", "_")
 
 
-HPARAM_METRIC = hparam_tag("val/bpc")
-"""The HPARAMS view's metric of the demos' rows: the final validation bits/char."""
-
-
 class RunLogger(TensorBoardLogger):
     """``TensorBoardLogger`` for this project's runs: the same events, less two tags.
 
@@ -116,29 +112,16 @@ def flat_hparams(
     return flat
 
 
-LAYOUT = {
-    "lit-spikes: all rows on one chart": {
-        "training loss": ["Multiline", [r"^train/loss$"]],
-        "largest attention logit": ["Multiline", [r"^train/max_logit$"]],
-        "learning rate": ["Multiline", [r"^lr$"]],
-        "gradient norm (before clipping)": ["Multiline", [r"^grad_norm$"]],
-        "validation bits/char": ["Multiline", [r"^val/bpc$"]],
-        "data position": ["Multiline", [r"^data/position$"]],
-    }
-}
-"""Custom-scalars layout: one Multiline chart per tag, matching that tag in every run."""
-
-
 def write_hparams(
     run_dir: Path,
     params: Mapping[str, float | int | str | bool],
     value: float,
     step: int,
-    tag: str = HPARAM_METRIC,
+    tag: str,
 ) -> None:
     """Record a finished run's settings with its final validation ``value`` under ``tag``
-    (the demos' bits/char by default), so the HPARAMS view lists the rows of a
-    comparison side by side."""
+    (``hparam_tag`` of the metric), so the HPARAMS view lists the rows of a comparison
+    side by side."""
     run_dir = Path(run_dir)
     before = set(run_dir.glob("events.out.tfevents.*"))
     with SummaryWriter(log_dir=str(run_dir)) as writer:
@@ -156,12 +139,16 @@ def write_hparams(
                 path.rename(run_dir / f"{newest}.hparams{index}")
 
 
-def write_summary(demo_dir: Path, tables: Mapping[str, str]) -> Path:
-    """Write the custom-scalars layout and the demo's tables (markdown) as text into
-    ``<demo_dir>/summary``; returns that directory."""
+def write_summary(
+    demo_dir: Path, tables: Mapping[str, str], layout: Mapping[str, Any] | None = None
+) -> Path:
+    """Write a custom-scalars ``layout`` (TensorBoard's: section -> chart -> ``["Multiline",
+    [tag regexes]]``) and ``tables`` (markdown) as text into ``<demo_dir>/summary``;
+    returns that directory."""
     summary = demo_dir / "summary"
     with SummaryWriter(log_dir=str(summary)) as writer:
-        writer.add_custom_scalars(LAYOUT)
+        if layout:
+            writer.add_custom_scalars(dict(layout))
         for tag, markdown in tables.items():
             writer.add_text(tag, markdown, global_step=0)
     return summary

@@ -13,7 +13,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from lit_spikes.demo.data import StepDataModule
 from lit_spikes.demo.module import LOGGED_AS, STEP_SCALARS, TinyGPTModule
-from lit_spikes.tools.tb import HPARAM_METRIC, RunLogger, flat_hparams
+from lit_spikes.demo.tensorboard import HPARAM_METRIC
+from lit_spikes.tools.tb import RunLogger, flat_hparams
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, tb_scalars
 
 STEP_TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position"}
@@ -159,7 +160,7 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
         resumed.add_scalar("train/loss", 1.0, 20)
     (purging,) = tmp_path.glob("events.out.tfevents.*")
     purging.rename(tmp_path / "events.out.tfevents.9999999999.zz.1.9")  # sorts after any
-    write_hparams(tmp_path, {"row": "resumed"}, 1.25, step=39)
+    write_hparams(tmp_path, {"row": "resumed"}, 1.25, step=39, tag=HPARAM_METRIC)
     assert tb_scalars(tmp_path)[HPARAM_METRIC] == [(39, 1.25)]
 
 

@@ -212,7 +212,8 @@ def write_report(
         writer.writerow(keys)
         for name in sorted(results):
             writer.writerow([results[name].get(k, "") for k in keys])
+    from lit_spikes.demo.tensorboard import LAYOUT
     from lit_spikes.tools.tb import write_summary
 
-    write_summary(root, {"study/report": report.markdown})
+    write_summary(root, {"study/report": report.markdown}, LAYOUT)
     return paths
