@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
 from lit_spikes.callbacks.curves import SpikeMarks
+from lit_spikes.callbacks.spike import Spike
 from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
@@ -47,12 +48,13 @@ def robust_limit(recent: Sequence[float], k: float) -> float:
     return median + k * spread if spread > 0 else math.inf
 
 
-def describe_spike(spike: dict[str, Any], action: str = "log") -> str:
-    """One line for a spike record: what, where, against what reference."""
-    value, reference = float(spike["value"]), float(spike.get("reference", math.nan))
+def describe_spike(spike: Spike | Mapping[str, Any], action: str = "log") -> str:
+    """One line for a spike: what, where, against what reference."""
+    spike = Spike.of(spike)
+    value, reference = spike.value, spike.reference
     times = f" ({value / reference:.2f}x)" if math.isfinite(value) and reference > 0 else ""
     return (
-        f"SpikeDetector: {spike['metric']} spike at step {spike['step']}: {value:.4f} against "
+        f"SpikeDetector: {spike.metric} spike at step {spike.step}: {value:.4f} against "
         f"a reference of {reference:.4f}{times}" + ("; stopping" if action == "stop" else "")
     )
 
@@ -111,7 +113,7 @@ class SpikeDetector(Watcher):
     Example:
         >>> detector = SpikeDetector(monitor="loss", action="stop")  # robust_z=8 over 100
         >>> trainer = pl.Trainer(callbacks=[detector])
-        >>> detector.spikes  # [{"step": 122, "metric": "loss", "value": 3.1, "reference": 2.1}]
+        >>> detector.spikes  # [Spike(step=122, metric="loss", value=3.1, reference=2.1)]
     """
 
     def __init__(
@@ -166,7 +168,7 @@ class SpikeDetector(Watcher):
         self.read_every = check_integer("read_every", read_every or default_every, 1)
         self.curves = {m: (curves or {}).get(m, m) for m in self.monitors}
         self._marks = SpikeMarks()
-        self.spikes: deque[dict[str, Any]] = deque(maxlen=self.max_records)
+        self.spikes: deque[Spike] = deque(maxlen=self.max_records)
         self.num_spikes = 0
         self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in self.monitors}
         self._seen = 0
@@ -260,10 +262,10 @@ class SpikeDetector(Watcher):
         step: int,
         values: dict[str, float],
         rank_values: dict[str, list[float | None]] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Spike]:
         """Judge one step's (global) values, then add them to the reference; returns the new
-        spikes. ``rank_values``, when given, is copied into each spike record."""
-        found = []
+        spikes. ``rank_values``, when given, is copied into each spike."""
+        found: list[Spike] = []
         for metric in self.monitors:
             value = values.get(metric)
             if value is None:
@@ -278,10 +280,8 @@ class SpikeDetector(Watcher):
             # NaN/inf of any watched value is a spike at once: NaN > limit is never true.
             non_finite = not math.isfinite(value)
             if non_finite or (limit is not None and step >= self.min_step and value > limit):
-                spike = {"step": step, "metric": metric, "value": value, "reference": reference}
-                if rank_values is not None:
-                    spike["rank_values"] = list(rank_values[metric])
-                found.append(spike)
+                ranks = None if rank_values is None else tuple(rank_values[metric])
+                found.append(Spike(step, metric, value, reference, rank_values=ranks))
             if math.isfinite(value):
                 self._recent[metric].append(value)
         self._seen += 1
@@ -335,16 +335,14 @@ class SpikeDetector(Watcher):
                 }
             self._report(trainer, self.check(step, values, per_rank))
 
-    def _report(self, trainer: pl.Trainer | None, found: list[dict[str, Any]]) -> None:
+    def _report(self, trainer: pl.Trainer | None, found: list[Spike]) -> None:
         # Straight to the loggers at the spike's step: `self.log` would repeat the last
         # value on every later step.
         for spike in found:
             for logger in trainer.loggers if trainer is not None else []:
-                logger.log_metrics({f"spike/{spike['metric']}": spike["value"]}, step=spike["step"])
-            if trainer is not None and math.isfinite(spike["value"]):
-                self._marks.write(
-                    trainer, self.curves[spike["metric"]], spike["step"], spike["value"]
-                )
+                logger.log_metrics({f"spike/{spike.metric}": spike.value}, step=spike.step)
+            if trainer is not None and math.isfinite(spike.value):
+                self._marks.write(trainer, self.curves[spike.metric], spike.step, spike.value)
             if self.verbose:
                 rank_zero_info(describe_spike(spike, self.action))
         if found and self.action == "stop" and trainer is not None:
@@ -368,14 +366,14 @@ class SpikeDetector(Watcher):
     @property
     def onsets(self) -> list[int]:
         """First step of each run of consecutive spike steps (of the records kept)."""
-        steps = sorted({s["step"] for s in self.spikes})
+        steps = sorted({s.step for s in self.spikes})
         return [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s - 1]
 
     @override
     def state_dict(self) -> dict[str, Any]:
         self._read_own()  # a checkpoint holds every step judged so far
         return {
-            "spikes": [dict(s) for s in self.spikes],
+            "spikes": [s.to_dict() for s in self.spikes],  # plain: a weights-only load
             "num_spikes": self.num_spikes,
             "recent": {m: list(v) for m, v in self._recent.items()},
             "seen": self._seen,
@@ -384,7 +382,7 @@ class SpikeDetector(Watcher):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.spikes = deque((dict(s) for s in state_dict["spikes"]), maxlen=self.max_records)
+        self.spikes = deque((Spike.of(s) for s in state_dict["spikes"]), maxlen=self.max_records)
         self.num_spikes = int(state_dict.get("num_spikes", len(self.spikes)))
         for metric, values in state_dict["recent"].items():
             if metric in self._recent:

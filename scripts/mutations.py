@@ -638,6 +638,26 @@ MUTATIONS = [
         (FACTS + "test_fit_records_the_modules_validation_metric_for_the_hparams_view",),
     ),
     Mutation(
+        "spikes_in_the_checkpoint_not_plain",  # a Spike object in the file: no weights_only
+        "lit_spikes/callbacks/spike_detector.py",
+        '            "spikes": [s.to_dict() for s in self.spikes],  # plain: a weights-only load\n',
+        '            "spikes": list(self.spikes),\n',
+        (
+            "tests/library/callbacks/test_spike.py::"
+            "test_a_flagged_step_is_a_frozen_spike_and_a_plain_record_in_the_file",
+        ),
+    ),
+    Mutation(
+        "ledger_spikes_written_with_nulls",  # the ledger's spike records grow null fields
+        "lit_spikes/tools/recover/ledger.py",
+        "    if [key for key, _ in pairs] == SPIKE_FIELDS:\n",
+        "    if False:\n",
+        (
+            "tests/tools/recover/test_ledger_spikes.py::"
+            "test_a_ledgers_spikes_read_back_as_spikes_and_are_written_as_they_were",
+        ),
+    ),
+    Mutation(
         "diagnose_columns_not_the_modules",  # diagnose's table: no column the module states
         "lit_spikes/tools/diagnose/run.py",
         "    verdict.columns = facts.columns\n",

@@ -28,7 +28,7 @@ from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.subject import Subject
 from lit_spikes.tools.diagnose.unlike import settings_unlike_the_run
-from lit_spikes.tools.diagnose.verdict import Replay, bit_equal, rise
+from lit_spikes.tools.diagnose.verdict import Replay, bit_equal
 from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
 from lit_spikes.tools.training import RunSpec, quiet_branches
 
@@ -357,7 +357,7 @@ class Replayer:
             if step >= first and found:
                 flagged.append(step)
             for spike in found if step >= first else []:
-                metric, size = str(spike["metric"]), rise(spike)
+                metric, size = spike.metric, spike.rise
                 excess[metric] = max(excess.get(metric, -math.inf), size)
                 if step == self.spike_step:
                     at_spike[metric] = size

@@ -17,12 +17,6 @@ RECURRENCE = 0.5
 least this fraction of the spike's own rise above the detector's mean (DiagnoseConfig)."""
 
 
-def rise(spike: dict[str, Any]) -> float:
-    """How far a flagged value stands above the detector's mean (inf: NaN or inf)."""
-    value = float(spike["value"])
-    return value - float(spike["reference"]) if math.isfinite(value) else math.inf
-
-
 @dataclass
 class Replay:
     """One replay from a checkpoint, judged around the spike."""

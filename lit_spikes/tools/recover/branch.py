@@ -170,14 +170,14 @@ def summarize(
     record.val_bpc = float(vals[-1]["val_bpc"]) if vals else None
     record.skip_stepped = [s for s in skip_stepped(callbacks) if s >= record.start_step]
     own = [
-        {**s, "position": positions.get(int(s["step"]))}
+        s.replace(position=positions.get(s.step))
         for s in detector.spikes
-        if int(s["step"]) >= record.start_step
+        if s.step >= record.start_step
     ]
     dropped = set(record.skip_stepped)
-    record.absorbed = dedupe_spikes([s for s in own if int(s["step"]) in dropped])
+    record.absorbed = dedupe_spikes([s for s in own if s.step in dropped])
     if record.gate == "log":
-        record.unrecovered = dedupe_spikes([s for s in own if int(s["step"]) not in dropped])
+        record.unrecovered = dedupe_spikes([s for s in own if s.step not in dropped])
 
 
 def spike_context(
@@ -192,7 +192,7 @@ def spike_context(
         if "step" in r and r["step"] < k and math.isfinite(r["loss"])
     ]
     return SpikeContext(
-        spike=dict(intervention.spike),
+        spike=intervention.spike,
         ckpt_step=k,
         ckpt_position=int(positions[k]["position"]) if k in positions else k,
         losses=losses,

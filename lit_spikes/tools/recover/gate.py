@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks import SkipStep, SpikeDetector
+from lit_spikes.callbacks import SkipStep, Spike, SpikeDetector
 from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.watch import read_back
 from lit_spikes.loader import positioned
@@ -40,7 +40,7 @@ class SpikeGate(Callback):
         self.detector, self.mode, self.clock = detector, mode, clock
         self.accept_after, self.on_accept = accept_after, on_accept
         self.start_step = start_step
-        self.stop_spike: dict[str, Any] | None = None
+        self.stop_spike: Spike | None = None
         self.accepted = accept_after is None
         self._seen = 0
 
@@ -51,11 +51,9 @@ class SpikeGate(Callback):
         if self.mode != "stop":
             return
         dropped = set(skip_stepped(trainer_callbacks(trainer)))
-        own = [s for s in restored if int(s["step"]) >= self.start_step]
-        own = [s for s in own if int(s["step"]) not in dropped]
+        own = [s for s in restored if s.step >= self.start_step and s.step not in dropped]
         if own:
-            step = int(own[0]["step"])
-            self.stop_spike = {**own[0], "position": position_of(trainer, step)}
+            self.stop_spike = own[0].replace(position=position_of(trainer, own[0].step))
             trainer.should_stop = True  # Lightning then trains no step
 
     @override
@@ -69,11 +67,10 @@ class SpikeGate(Callback):
         self._seen = self.detector.num_spikes
         dropped = set(skip_stepped(trainer_callbacks(trainer))) if new else set()
         for spike in new:
-            if self.mode == "stop" and int(spike["step"]) not in dropped:
-                self.stop_spike = self.stop_spike or {
-                    **spike,
-                    "position": position_of(trainer, step),
-                }
+            if self.mode == "stop" and spike.step not in dropped:
+                self.stop_spike = self.stop_spike or spike.replace(
+                    position=position_of(trainer, step)
+                )
                 trainer.should_stop = True
         if not self.accepted and self.stop_spike is None:
             assert self.accept_after is not None

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from lit_spikes.callbacks.spike import Spike
 from lit_spikes.checkpoints import atomic_write
 from lit_spikes.shared.plain import plain_config
 
@@ -79,7 +80,7 @@ class BranchRecord:
     """Model changes against the config (the QK-norm row)."""
     status: BranchStatus = "pending"
     accepted_at: int | None = None
-    spike: dict[str, Any] | None = None
+    spike: Spike | None = None
     """The spike that stopped it."""
     end_step: int | None = None
     """Last global step it trained."""
@@ -92,9 +93,9 @@ class BranchRecord:
     """Data positions its skip set made it jump over."""
     skip_stepped: list[int] = field(default_factory=list)
     """Steps whose update ``SkipStep`` dropped."""
-    absorbed: list[dict[str, Any]] = field(default_factory=list)
+    absorbed: list[Spike] = field(default_factory=list)
     """Spikes whose update ``SkipStep`` dropped: they never reached the weights."""
-    unrecovered: list[dict[str, Any]] = field(default_factory=list)
+    unrecovered: list[Spike] = field(default_factory=list)
     """Spikes a ``log`` gate recorded."""
     val_bpc: float | None = None
     max_logit: float | None = None
@@ -108,7 +109,7 @@ class Intervention:
     """One spike on the lineage and what the loop did about it."""
 
     index: int
-    spike: dict[str, Any]
+    spike: Spike
     """step, metric, value, reference, data position, and the branch it stopped."""
     ckpt_step: int
     ckpt_path: str | None
@@ -127,7 +128,7 @@ class Intervention:
     @property
     def steps_rolled_back(self) -> int:
         """Steps from the checkpoint to the spike, inclusive: trained again by every branch."""
-        return int(self.spike["step"]) + 1 - self.ckpt_step
+        return self.spike.step + 1 - self.ckpt_step
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Totals:
     """Data positions the final run jumped over."""
     skip_stepped: list[int]
     """Steps of the final run whose update SkipStep dropped."""
-    unrecovered: list[dict[str, Any]]
+    unrecovered: list[Spike]
     """Spikes of the final run that no remedy removed."""
     val_bpc: float | None
     """The last ``val/bpc`` (the built-in model's; also in ``val``)."""
@@ -199,18 +200,18 @@ class Ledger:
             record = self.branch(record.parent) if record.parent else None
         return segments[::-1]
 
-    def lineage_spikes(self, head: str) -> list[dict[str, Any]]:
+    def lineage_spikes(self, head: str) -> list[Spike]:
         """Spikes on the lineage ending in ``head`` that reached the weights: stops of
         its branches and spikes their ``log`` gates recorded, each step once."""
         found = []
         for branch, first, end in self.lineage(head):
             for spike in [*branch.unrecovered, *([branch.spike] if branch.spike else [])]:
-                if int(spike["step"]) >= first and (end is None or int(spike["step"]) < end):
+                if spike.step >= first and (end is None or spike.step < end):
                     found.append(spike)
         return dedupe_spikes(found)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = plain_config(asdict(self))
+        data: dict[str, Any] = plain_config(asdict(self, dict_factory=_record))
         return data
 
     @classmethod
@@ -224,16 +225,42 @@ class Ledger:
         data = dict(data)
         if data.get("version") not in LEDGER_VERSIONS:
             raise UnknownFormatVersion(source, data.get("version"), LEDGER_VERSIONS)
-        data["branches"] = [BranchRecord(**b) for b in data.get("branches", [])]
-        data["interventions"] = [Intervention(**i) for i in data.get("interventions", [])]
+        data["branches"] = [_branch(b) for b in data.get("branches", [])]
+        data["interventions"] = [
+            Intervention(**(i | {"spike": Spike.of(i["spike"])}))
+            for i in data.get("interventions", [])
+        ]
         if data.get("totals") is not None:
-            data["totals"] = Totals(**data["totals"])
+            totals = data["totals"]
+            data["totals"] = Totals(**(totals | {"unrecovered": _spikes(totals["unrecovered"])}))
         return cls(**data)
 
 
-def dedupe_spikes(spikes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+SPIKE_FIELDS = [f.name for f in fields(Spike)]
+
+
+def _record(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``asdict``'s dicts, a spike's as its plain record (``Spike.to_dict``: the fields it
+    holds, as the ledger always wrote it)."""
+    if [key for key, _ in pairs] == SPIKE_FIELDS:
+        return Spike(**dict(pairs)).to_dict()
+    return dict(pairs)
+
+
+def _spikes(records: Sequence[Any]) -> list[Spike]:
+    return [Spike.of(record) for record in records]
+
+
+def _branch(data: dict[str, Any]) -> BranchRecord:
+    """A branch record, its spikes read as ``Spike`` (from any version's plain records)."""
+    spikes = {key: _spikes(data.get(key, [])) for key in ("absorbed", "unrecovered")}
+    stop = data.get("spike")
+    return BranchRecord(**(data | spikes | {"spike": None if stop is None else Spike.of(stop)}))
+
+
+def dedupe_spikes(spikes: Sequence[Spike]) -> list[Spike]:
     """One record per (step, metric), in step order."""
-    unique = {(int(s["step"]), s["metric"]): s for s in spikes}
+    unique = {(s.step, s.metric): s for s in spikes}
     return [unique[key] for key in sorted(unique)]
 
 

@@ -272,7 +272,7 @@ class RecoveryLoop:
     def intervene(self, spiked: BranchRecord) -> None:
         """A spike on the lineage: roll back and try the first remedy, or give up."""
         assert spiked.spike is not None
-        spike = {**spiked.spike, "branch": spiked.name}
+        spike = spiked.spike.replace(branch=spiked.name)
         if len(self.ledger.interventions) >= self.config.max_interventions:
             self.give_up(spiked, None, f"max_interventions={self.config.max_interventions} used")
             return
@@ -284,7 +284,7 @@ class RecoveryLoop:
             self.ledger,
             self.root,
             spiked,
-            int(spike["step"]),
+            spike.step,
             config.rollback_distance,
             config.checkpoint_every,
         )
@@ -301,9 +301,9 @@ class RecoveryLoop:
             "spike",
             save=False,
             intervention=intervention.index + 1,
-            step=spike["step"],
-            metric=spike["metric"],
-            value=round(float(spike["value"]), 4),
+            step=spike.step,
+            metric=spike.metric,
+            value=round(spike.value, 4),
             branch=spiked.name,
             rollback_to=step,
         )
@@ -312,10 +312,7 @@ class RecoveryLoop:
     def reject(self, branch: BranchRecord) -> None:
         assert branch.intervention is not None and branch.spike is not None
         intervention = self.ledger.interventions[branch.intervention]
-        why = (
-            f"spike at step {branch.spike['step']} ({branch.spike['metric']} "
-            f"{float(branch.spike['value']):.3f})"
-        )
+        why = f"spike at step {branch.spike.step} ({branch.spike.metric} {branch.spike.value:.3f})"
         intervention.outcomes[branch.name] = f"rejected: {why}"
         self.event("rejected", save=False, branch=branch.name, reason=why)
         tried = len(intervention.tried)
@@ -328,7 +325,7 @@ class RecoveryLoop:
 
     def give_up_intervention(self, intervention: Intervention, reason: str) -> None:
         intervention.status, intervention.reason = "gave_up", reason
-        spiked = self.ledger.branch(intervention.spike["branch"])
+        spiked = self.ledger.branch(intervention.spike.branch or "")
         self.give_up(spiked, intervention, reason)
 
     def _newest_on_lineage(self, branch: BranchRecord) -> tuple[int, str | None, str | None]:
@@ -351,14 +348,14 @@ class RecoveryLoop:
                 parent=owner,
                 remedies=list(spiked.remedies),
                 gate="log",
-                note=f"gave up on the spike at step {spiked.spike['step']} ({reason})"
+                note=f"gave up on the spike at step {spiked.spike.step} ({reason})"
                 if spiked.spike
                 else reason,
             )
         )
 
     def try_remedy(self, intervention: Intervention, rung: dict[str, Any]) -> None:
-        spiked = self.ledger.branch(intervention.spike["branch"])
+        spiked = self.ledger.branch(intervention.spike.branch or "")
         records = lineage_records(self.ledger, self.root, spiked.name)
         spec = remedy_spec(rung, spike_context(intervention, spiked, records))
         remedy = rung_name(rung)
@@ -375,7 +372,7 @@ class RecoveryLoop:
                 remedy=remedy,
                 intervention=intervention.index,
                 accept_after=min(
-                    int(intervention.spike["step"]) + self.config.accept_margin,
+                    intervention.spike.step + self.config.accept_margin,
                     self.config.steps - 1,
                 ),
             )
@@ -483,8 +480,8 @@ class RecoveryLoop:
             self.event(
                 "branch_spiked",
                 branch=record.name,
-                step=gate.stop_spike["step"],
-                value=round(float(gate.stop_spike["value"]), 4),
+                step=gate.stop_spike.step,
+                value=round(gate.stop_spike.value, 4),
             )
             return
         if trainer.global_step < config.steps:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lit_spikes.callbacks.spike import Spike
 from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.recover.history import lineage_records
 from lit_spikes.tools.recover.ledger import Ledger, Totals
@@ -92,7 +93,7 @@ def comparison_rows(
     it). ``measure`` is one measure of every row, named in ``measured_by`` (``measure``);
     ``cells``, the table's columns that the module provides (``ToolFacts``)."""
     assert ledger.totals is not None
-    first = int(ledger.interventions[0].spike["step"]) if ledger.interventions else 0
+    first = ledger.interventions[0].spike.step if ledger.interventions else 0
     recovered = "recovered (accepted lineage)"
     rows: list[dict[str, Any]] = [
         {
@@ -144,7 +145,7 @@ def stitched_tags(facts: ToolFacts) -> dict[str, str]:
 def write_stitched_run(
     run_dir: Path,
     records: Sequence[dict[str, Any]],
-    spikes: Sequence[dict[str, Any]] = (),
+    spikes: Sequence[Spike] = (),
     facts: ToolFacts | None = None,
 ) -> None:
     """Write the accepted lineage as one TensorBoard run, each step once: the module's
@@ -170,7 +171,7 @@ def write_stitched_run(
                 for name, value in validations([record]).get(int(record["val_step"]), {}).items():
                     writer.add_scalar(name, value, int(record["val_step"]) - 1)
         for spike in spikes:
-            writer.add_scalar(f"spike/{spike['metric']}", float(spike["value"]), int(spike["step"]))
+            writer.add_scalar(f"spike/{spike.metric}", spike.value, spike.step)
     finally:
         writer.close()
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.callbacks import BatchSkipper, LRScaler, SkipStep
+from lit_spikes.callbacks import BatchSkipper, LRScaler, SkipStep, Spike
 from lit_spikes.callbacks.clip import ClipGradients
 from lit_spikes.tools.factories import ClassPath
 
@@ -44,7 +44,7 @@ from lit_spikes.tools.factories import ClassPath
 class SpikeContext:
     """What a rung's ``for_spike`` knows of the spike it is tried for."""
 
-    spike: dict[str, Any]
+    spike: Spike
     """``step``, ``metric``, ``value``, ``reference``, ``position`` (its data position)."""
     ckpt_step: int
     """Global step of the checkpoint the branch starts from (its first step)."""
@@ -65,7 +65,10 @@ class SpikeContext:
 
 
 def _skip_data(context: SpikeContext, before: int, length: int) -> dict[str, Any]:
-    start = max(context.ckpt_position, int(context.spike["position"]) - before)
+    position = context.spike.position
+    start = max(
+        context.ckpt_position, (context.spike.step if position is None else position) - before
+    )
     return {"ranges": [[start, start + length]]}
 
 

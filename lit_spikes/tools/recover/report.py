@@ -37,11 +37,11 @@ def _interventions_table(ledger: Ledger) -> Table:
 
     for intervention in ledger.interventions:
         spike = intervention.spike
-        value, reference = float(spike["value"]), float(spike.get("reference") or 0.0)
-        label = f"#{intervention.index + 1} step {spike['step']}: {spike['metric']} {value:.3f}"
-        if reference > 0:
+        value, reference = spike.value, spike.reference
+        label = f"#{intervention.index + 1} step {spike.step}: {spike.metric} {value:.3f}"
+        if reference > 0:  # False for NaN: a record of before the reference was kept
             label += f" ({value / reference:.2f}x)"
-        before = int(spike["step"]) - intervention.ckpt_step
+        before = spike.step - intervention.ckpt_step
         ckpt = f"step {intervention.ckpt_step} ({before} before)"
         for i, name in enumerate(intervention.tried):
             branch = ledger.branch(name)
