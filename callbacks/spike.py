@@ -56,10 +56,7 @@ class Spike(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """The plain record (lists, no unknown fields): what a checkpoint or ledger holds."""
-        record = {key: self[key] for key in self}
-        if "rank_values" in record:
-            record["rank_values"] = list(record["rank_values"])
-        return record
+        return {key: self[key] for key in self}
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> Spike:
@@ -87,7 +84,8 @@ class Spike(Mapping[str, Any]):
             raise KeyError(key)
         if key not in self.__dataclass_fields__:
             raise KeyError(key)
-        return getattr(self, key)
+        value = getattr(self, key)
+        return list(value) if key == "rank_values" else value  # as the records held it
 
     def __iter__(self) -> Iterator[str]:
         return (

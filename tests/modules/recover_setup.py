@@ -125,7 +125,7 @@ def assert_same_outcome(result: RecoverResult, reference: RecoverResult) -> None
         )
     got_totals, want_totals = result.ledger.totals, reference.ledger.totals
     assert got_totals is not None and want_totals is not None
-    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val_bpc"):
+    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val"):
         assert getattr(got_totals, name) == getattr(want_totals, name), name
     assert [(r["step"], r["loss"]) for r in steps_of(result.lineage)] == [
         (r["step"], r["loss"]) for r in steps_of(reference.lineage)

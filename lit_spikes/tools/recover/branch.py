@@ -151,7 +151,6 @@ def summarize(
     from its checkpoint)."""
     records = read_history(root / record.name / HISTORY_NAME)
     steps = [r for r in records if "step" in r]
-    vals = [r for r in records if "val_bpc" in r]
     positions = {int(r["step"]): int(r["position"]) for r in steps}
     record.steps_trained = len(steps)
     record.end_step = int(steps[-1]["step"]) if steps else None
@@ -165,9 +164,6 @@ def summarize(
         if before >= 0 and data is not None:
             offset = data.position_of_step(before) - before
         record.batches_skipped = int(last["position"] - last["step"]) - offset
-        logits = [float(r["max_logit"]) for r in steps if "max_logit" in r]
-        record.max_logit = max(logits) if logits else None
-    record.val_bpc = float(vals[-1]["val_bpc"]) if vals else None
     record.skip_stepped = [s for s in skip_stepped(callbacks) if s >= record.start_step]
     own = [
         s.replace(position=positions.get(s.step))

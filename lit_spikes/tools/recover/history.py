@@ -25,8 +25,8 @@ HISTORY_NAME = "history.jsonl"
 HISTORY_VERSION = 3
 """The history format this code writes (its first line: ``{"history_version": 3}``):
 version 2's step records hold ``max_logit`` only where the module logs one; version 3's
-validation records hold every ``val*`` metric logged (``val``), ``val_bpc`` only where
-the module logs ``val/bpc``."""
+validation records hold every ``val*`` metric logged (``val``; those written before this
+version held ``val/bpc`` also as ``val_bpc``, which is still read)."""
 HISTORY_VERSIONS = (1, 2, 3)
 """The history formats this code reads; a file without the first line is of version 1
 (written before the line existed)."""
@@ -183,7 +183,7 @@ class HistoryLog(Callback):
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Every validation metric the module logs (recover's comparison picks one that
-        # every row has); val/bpc, the project's module's, also as val_bpc (version 2).
+        # every row has)
         metrics = {
             str(name): float(value)
             for name, value in trainer.callback_metrics.items()
@@ -191,10 +191,7 @@ class HistoryLog(Callback):
         }
         if not metrics or trainer.sanity_checking:
             return
-        record: dict[str, Any] = {"val_step": trainer.global_step, "val": metrics}
-        if "val/bpc" in metrics:
-            record["val_bpc"] = metrics["val/bpc"]
-        self._write(record)
+        self._write({"val_step": trainer.global_step, "val": metrics})
 
     def close(self) -> None:
         if self._handle is not None:

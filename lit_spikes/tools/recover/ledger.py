@@ -15,12 +15,14 @@ from lit_spikes.checkpoints import atomic_write
 from lit_spikes.shared.plain import plain_config
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 2
+LEDGER_VERSION = 3
 """The ledger format this code writes. Version 2: the config names the model and data by
 class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
 callbacks as ``{"class_path", "init_args"}``, comparison rows hold one ``measure`` of
-every row, named in ``measured_by`` (before: ``final_loss``, of other batches per row)."""
-LEDGER_VERSIONS = (2,)
+every row, named in ``measured_by`` (before: ``final_loss``, of other batches per row).
+Version 3: no field of the demo's: the totals' validation is the module's (``val``), the
+rows' columns its ``cells``; no ``val_bpc``, ``max_logit`` or ``max_logit_after``."""
+LEDGER_VERSIONS = (2, 3)
 """The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 
 
@@ -97,8 +99,6 @@ class BranchRecord:
     """Spikes whose update ``SkipStep`` dropped: they never reached the weights."""
     unrecovered: list[Spike] = field(default_factory=list)
     """Spikes a ``log`` gate recorded."""
-    val_bpc: float | None = None
-    max_logit: float | None = None
     wall_s: float = 0.0
     note: str = ""
     """Why it exists, for the ones the loop adds when it gives up."""
@@ -151,8 +151,6 @@ class Totals:
     """Steps of the final run whose update SkipStep dropped."""
     unrecovered: list[Spike]
     """Spikes of the final run that no remedy removed."""
-    val_bpc: float | None
-    """The last ``val/bpc`` (the built-in model's; also in ``val``)."""
     final_ckpt: str
     val: list[Any] | None = None
     """``[name, last value]`` of the module's validation metric (``ToolFacts``; None: it
@@ -225,13 +223,14 @@ class Ledger:
         data = dict(data)
         if data.get("version") not in LEDGER_VERSIONS:
             raise UnknownFormatVersion(source, data.get("version"), LEDGER_VERSIONS)
+        data["version"] = LEDGER_VERSION  # read into this version's fields, written so
         data["branches"] = [_branch(b) for b in data.get("branches", [])]
         data["interventions"] = [
             Intervention(**(i | {"spike": Spike.of(i["spike"])}))
             for i in data.get("interventions", [])
         ]
         if data.get("totals") is not None:
-            totals = data["totals"]
+            totals = _totals(data["totals"])
             data["totals"] = Totals(**(totals | {"unrecovered": _spikes(totals["unrecovered"])}))
         return cls(**data)
 
@@ -251,8 +250,20 @@ def _spikes(records: Sequence[Any]) -> list[Spike]:
     return [Spike.of(record) for record in records]
 
 
+def _totals(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2's totals in version 3's fields: its ``val_bpc`` (the demo's bits/char, in
+    the ledgers written before the module's metric was recorded) as ``val``."""
+    data = dict(data)
+    bpc = data.pop("val_bpc", None)
+    if data.get("val") is None and bpc is not None:
+        data["val"] = ["val bits/char", bpc]
+    return data
+
+
 def _branch(data: dict[str, Any]) -> BranchRecord:
-    """A branch record, its spikes read as ``Spike`` (from any version's plain records)."""
+    """A branch record, its spikes read as ``Spike`` (from any version's plain records);
+    version 2's ``val_bpc`` and ``max_logit`` (the demo's, never shown) left out."""
+    data = {k: v for k, v in data.items() if k not in ("val_bpc", "max_logit")}
     spikes = {key: _spikes(data.get(key, [])) for key in ("absorbed", "unrecovered")}
     stop = data.get("spike")
     return BranchRecord(**(data | spikes | {"spike": None if stop is None else Spike.of(stop)}))

@@ -89,8 +89,6 @@ class RecoverResult:
     """Per-step records of the accepted lineage, each step once (and validations)."""
     final_ckpt: Path
     """Checkpoint of the finished run (last step of the lineage's last branch)."""
-    val_bpc: float | None
-    """The last ``val/bpc`` (the built-in model's)."""
     val: float | None = None
     """The last value of the module's validation metric (``ToolFacts.val_metric``)."""
 
@@ -558,7 +556,6 @@ class RecoveryLoop:
             ledger=self.ledger,
             lineage=lineage_records(self.ledger, self.root, self.final_head().name),
             final_ckpt=Path(totals.final_ckpt),
-            val_bpc=totals.val_bpc,
             val=None if totals.val is None else totals.val[1],
         )
 

@@ -46,7 +46,6 @@ def totals(
     ``records``, the final lineage's; the validation metric ``facts`` names."""
     head = ledger.main_branches()[-1]
     steps = [r for r in records if "step" in r]
-    vals = [r for r in records if "val_bpc" in r]
     main = ledger.main_branches()
     last = steps[-1]
     return Totals(
@@ -58,7 +57,6 @@ def totals(
         batches_skipped=int(last["position"] - last["step"]),
         skip_stepped=sorted(int(r["step"]) for r in steps if r.get("skipped")),
         unrecovered=ledger.lineage_spikes(head.name),
-        val_bpc=float(vals[-1]["val_bpc"]) if vals else None,
         final_ckpt=str(final_ckpt),
         val=None if facts.val_name is None else [facts.val_name, last_validation(records, facts)],
     )
@@ -98,9 +96,7 @@ def comparison_rows(
     rows: list[dict[str, Any]] = [
         {
             "run": recovered,
-            "val_bpc": ledger.totals.val_bpc,
             "spikes": len(ledger.totals.unrecovered),
-            "max_logit_after": _largest_after(records, "max_logit", first),
             "cells": _cells(records, len(ledger.totals.unrecovered), first, facts),
         }
     ]
@@ -110,14 +106,11 @@ def comparison_rows(
         if name not in names:
             continue
         row_records = lineage_records(ledger, root, name)
-        vals = [r for r in row_records if "val_bpc" in r]
         spikes = len(ledger.lineage_spikes(name))
         rows.append(
             {
                 "run": label,
-                "val_bpc": float(vals[-1]["val_bpc"]) if vals else None,
                 "spikes": spikes,
-                "max_logit_after": _largest_after(row_records, "max_logit", first),
                 "cells": _cells(row_records, spikes, first, facts),
             }
         )

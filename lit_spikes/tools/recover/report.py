@@ -74,10 +74,10 @@ def _totals_lines(ledger: Ledger, totals: Totals) -> list[str]:
 
 
 def _validation(totals: Totals) -> str:
-    """The final validation for the totals line: the module's metric (``ToolFacts``);
-    a ledger written before it was recorded: its ``val/bpc``."""
+    """The final validation for the totals line: the module's metric (``ToolFacts``; a
+    version-2 ledger's ``val_bpc`` is read as it)."""
     if totals.val is None:
-        return f"val bits/char {_fmt(totals.val_bpc)}; " if totals.val_bpc is not None else ""
+        return ""
     name, value = totals.val
     return f"{name} {_fmt(value)}; "
 

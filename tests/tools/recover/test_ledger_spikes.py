@@ -44,3 +44,21 @@ def test_a_ledgers_spikes_read_back_as_spikes_and_are_written_as_they_were(tmp_p
     assert math.isnan(written[1]["reference"])  # the oldest records knew none
     text = json.dumps(again, sort_keys=True)  # NaN written as NaN: compared as text
     assert json.dumps(Ledger.from_dict(again).to_dict(), sort_keys=True) == text
+
+
+def test_a_version_2_ledgers_demo_fields_read_as_the_modules() -> None:
+    """Version 2 recorded the demo's ``val_bpc`` and ``max_logit`` for every module;
+    version 3 records the module's validation metric alone (``Totals.val``)."""
+    data = ledger_data()
+    branch = data["branches"][0] | {"val_bpc": 1.2, "max_logit": 30.0}  # type: ignore[index]
+    totals = {"lineage": ["main"], "steps_final": 40, "steps_trained": 40}
+    totals |= {"steps_recomputed": 0, "steps_repeated": 0, "batches_skipped": 0}
+    totals |= {"skip_stepped": [], "unrecovered": [OLDEST], "final_ckpt": "x.ckpt"}
+    old = data | {"branches": [branch], "totals": totals | {"val_bpc": 1.25}}
+    ledger = Ledger.from_dict(old)
+    assert ledger.totals is not None and ledger.totals.val == ["val bits/char", 1.25]
+    written = ledger.to_dict()
+    assert written["version"] == 3 and "val_bpc" not in written["totals"]
+    assert not {"val_bpc", "max_logit"} & set(written["branches"][0])
+    newer = Ledger.from_dict(old | {"totals": totals | {"val_bpc": 1.25, "val": ["acc", 0.9]}})
+    assert newer.totals is not None and newer.totals.val == ["acc", 0.9]

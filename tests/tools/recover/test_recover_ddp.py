@@ -145,7 +145,7 @@ def test_sigterm_to_rank_0_then_the_same_command_ends_bit_equal(
     branch = resumed.branch("spike1/skip_data")
     assert (branch.restarts, branch.steps_repeated) == (1, 0)  # resumed from ``saved``
     assert resumed.totals is not None and reference.totals is not None
-    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val_bpc"):
+    for name in ("lineage", "steps_trained", "steps_recomputed", "batches_skipped", "val"):
         assert getattr(resumed.totals, name) == getattr(reference.totals, name), name
     assert_states_equal(
         load_ckpt(resumed.totals.final_ckpt), load_ckpt(reference.totals.final_ckpt)

@@ -155,11 +155,12 @@ def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
     nothing = rows["do nothing (continue through the spike)"]
     qk = rows["QK-norm at the same LR (from scratch)"]
     assert (recovered["spikes"], nothing["spikes"]) == (0, 1)  # the planted batch, once
-    assert recovered["val_bpc"] == result.val_bpc
+    assert recovered["cells"][0] == ["val bits/char", result.val, 3]  # the module's metric
     # One measure of every row, named under the table: the last validation all rows ran
-    assert all(row["measure"] == row["val_bpc"] for row in rows.values())
+    assert all(row["measure"] == row["cells"][0][1] for row in rows.values())
     assert "compared by val/bpc at step 40 (the last validation of every run)" in printed
-    assert all(row["val_bpc"] is not None for row in (nothing, qk))
+    assert all(row["cells"][0][1] is not None for row in (nothing, qk))
+    assert not any("val_bpc" in row or "max_logit_after" in row for row in rows.values())
     do_nothing = result.ledger.branch("compare/do_nothing")
     assert (do_nothing.parent, do_nothing.start_step, do_nothing.gate) == ("base", 20, "log")
     qk_branch = result.ledger.branch("compare/qk_norm")
@@ -192,8 +193,8 @@ def test_recover_on_the_default_reference_config(tmp_path: Path) -> None:
     rows = {row["run"]: row for row in ledger.comparison}
     assert "QK-norm at the same LR (from scratch)" not in rows
     assert not any(b.name == "compare/qk_norm" for b in ledger.branches)
-    assert result.val_bpc is not None
-    assert result.val_bpc < rows["do nothing (continue through the spike)"]["val_bpc"]
+    assert result.val is not None
+    assert result.val < rows["do nothing (continue through the spike)"]["cells"][0][1]
     main = [b for b in ledger.branches if b.kind != "compare"]
     trained = {b.name: len(steps_of(read_history(root / b.name / HISTORY_NAME))) for b in main}
     assert ledger.totals.steps_trained == sum(trained.values())
