@@ -638,13 +638,17 @@ MUTATIONS = [
         (FACTS + "test_fit_records_the_modules_validation_metric_for_the_hparams_view",),
     ),
     Mutation(
-        "spikes_in_the_checkpoint_not_plain",  # a Spike object in the file: no weights_only
+        "restored_spikes_stay_dicts",  # a checkpoint's spike records not read as Spike
         "lit_spikes/callbacks/spike_detector.py",
-        '            "spikes": [s.to_dict() for s in self.spikes],  # plain: a weights-only load\n',
-        '            "spikes": list(self.spikes),\n',
+        '        self.spikes = deque((Spike.of(s) for s in state_dict["spikes"]), '
+        "maxlen=self.max_records)\n",
+        '        self.spikes = deque((dict(s) for s in state_dict["spikes"]), '
+        "maxlen=self.max_records)\n",
         (
             "tests/library/callbacks/test_spike.py::"
             "test_a_flagged_step_is_a_frozen_spike_and_a_plain_record_in_the_file",
+            "tests/library/callbacks/test_spike.py::"
+            "test_the_records_older_versions_wrote_read_back_as_spikes",
         ),
     ),
     Mutation(
@@ -655,6 +659,9 @@ MUTATIONS = [
         (
             "tests/tools/recover/test_ledger_spikes.py::"
             "test_a_ledgers_spikes_read_back_as_spikes_and_are_written_as_they_were",
+            FACTS
+            + "test_the_ledgers_spikes_are_plain_records_and_diagnose_names_the_columns_on_the_"
+            "command_line",
         ),
     ),
     Mutation(
@@ -662,7 +669,12 @@ MUTATIONS = [
         "lit_spikes/tools/diagnose/run.py",
         "    verdict.columns = facts.columns\n",
         "    verdict.columns = ()\n",
-        (FACTS + "test_diagnose_shows_the_modules_columns_and_no_other",),
+        (
+            FACTS + "test_diagnose_shows_the_modules_columns_and_no_other",
+            FACTS
+            + "test_the_ledgers_spikes_are_plain_records_and_diagnose_names_the_columns_on_the_"
+            "command_line",
+        ),
     ),
     Mutation(
         "modules_own_checks_not_run",  # the module's ChecksItsRun never asked (its data's is)

@@ -238,3 +238,27 @@ def test_diagnose_shows_the_modules_columns_and_no_other(facts_run: Path) -> Non
     assert "largest LR" in table(verdict.columns) and " 2.00 " in table(verdict.columns)
     plain = table(())
     assert "attn logit" not in plain and "largest LR" not in plain and "n/a" not in plain
+
+
+def test_the_ledgers_spikes_are_plain_records_and_diagnose_names_the_columns_on_the_command_line(
+    facts_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On disk a spike is the record it always was (no null fields); ``lit-spikes
+    diagnose`` prints and writes the module's own column."""
+    import json
+
+    from lit_spikes.tools.cli import main
+
+    ledger = json.loads((facts_run / "ledger.json").read_text())
+    records = [i["spike"] for i in ledger["interventions"]]
+    records += [b["spike"] for b in ledger["branches"] if b.get("spike")]
+    assert records and all(None not in record.values() for record in records)
+    assert all({"step", "metric", "value", "reference", "position"} <= set(r) for r in records)
+    ckpt = next(facts_run.glob("*/checkpoints/step=20.ckpt"))
+    argv = ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "31", "--model", FACTS]
+    argv += ["--model.init_args.jump_step", "30", "--data", DATA["class_path"]]
+    main([*argv, "--data.init_args.rows", "4096", "--json", str(tmp_path / "v.json")])
+    assert "largest LR" in capsys.readouterr().out
+    verdict = json.loads((tmp_path / "v.json").read_text())
+    assert [c["key"] for c in verdict["columns"]] == ["lr"]
+    assert verdict["same_data"]["extra"] == {"lr": 2.0}
