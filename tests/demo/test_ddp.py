@@ -134,7 +134,7 @@ def _worker(spec_path: str) -> None:
         "should_stop": trainer.should_stop,
         "history": module.history,
         "nonfinite_steps": module.nonfinite_steps,
-        "spikes": list(detector.spikes) if detector is not None else [],
+        "spikes": [s.to_dict() for s in detector.spikes] if detector is not None else [],
         "val_bpc": float(bpc) if bpc is not None else None,
     }
     out = Path(spec["out"]) / f"{spec['name']}.rank{trainer.global_rank}.json"

@@ -55,7 +55,8 @@ def _worker(spec_path: str) -> None:
     trainer.fit(module, train_dataloaders=data, ckpt_path=spec.get("ckpt_path"))
     out = Path(spec["out"])
     rank = trainer.global_rank
-    report = {"rank": rank, "spikes": list(detector.spikes), "losses": module.losses}
+    spikes = [s.to_dict() for s in detector.spikes]  # plain records: JSON takes them
+    report = {"rank": rank, "spikes": spikes, "losses": module.losses}
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     torch.save(module.state_dict(), out / f"rank{rank}.pt")
 
