@@ -372,9 +372,8 @@ class StepDataModule(pl.LightningDataModule):
         state = None if checkpoint is None else checkpoint.get(type(self).__qualname__)
         if state:
             probe = type(self)(self.config)
-            for callback in getattr(
-                trainer, "callbacks", []
-            ):  # a BatchSkipper adds its skip in setup
+            # A BatchSkipper adds its skip in setup: the probe takes it now
+            for callback in getattr(trainer, "callbacks", []):
                 if isinstance(callback, BatchSkipper):
                     probe.add_skip(callback.skip)
             with warnings.catch_warnings():  # its seed and config warnings: at the restore
@@ -438,11 +437,12 @@ class StepDataModule(pl.LightningDataModule):
                 "checkpoint holds the whole DataConfig"
             )
         checkpoint = load_checkpoint(checkpoint_path, weights_enough=True)
-        config = kwargs.get("config") or data_config_from_checkpoint(checkpoint)
+        saved = data_config_from_checkpoint(checkpoint)
+        config = kwargs.get("config") or saved
         if isinstance(config, Mapping):  # some fields, over the file's ("world" merged)
-            saved = plain_config(asdict(data_config_from_checkpoint(checkpoint)))
-            world = {**saved.get("world", {}), **config.get("world", {})}
-            config = data_config_from_dict(saved | dict(config) | {"world": world})
+            base = plain_config(asdict(saved))
+            world = {**base.get("world", {}), **config.get("world", {})}
+            config = data_config_from_dict(base | dict(config) | {"world": world})
         datamodule = cls(config)
         state = checkpoint.get(cls.__qualname__)
         if state is not None:

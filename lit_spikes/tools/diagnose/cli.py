@@ -6,10 +6,8 @@ verdict's table and its JSON file."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from lit_spikes.tools.defaults import DEMO_DATA
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.replay import CheckpointReads
 from lit_spikes.tools.diagnose.run import diagnose
+from lit_spikes.tools.diagnose.subject import loaded_copies
 from lit_spikes.tools.diagnose.verdict import Verdict
 from lit_spikes.tools.factories import ClassPath
 from lit_spikes.tools.run_record import announce, read_record, record_path
@@ -180,15 +179,12 @@ def built_in_data(command: DiagnoseCommand, values: dict[str, Any]) -> Any:
     Raises:
         ValueError: a value the data's config refuses, or a file it cannot read.
     """
-    klass: Any = ClassPath(DEMO_DATA).klass(pl.LightningDataModule, "data")
+    klass = ClassPath(DEMO_DATA).klass(pl.LightningDataModule, "data")
     try:
-        with warnings.catch_warnings():  # "other data than the run's": at each replay
-            warnings.simplefilter("ignore")
-            built = klass.load_from_checkpoint(command.ckpt_path, config=values)
+        return loaded_copies(klass, command.ckpt_path, config=values)
     except (TypeError, ValueError) as error:
         given = f"--data_config {command.data_config}" if command.data_config else "data"
         raise ValueError(f"{given}: {error}") from None
-    return lambda: copy.deepcopy(built)
 
 
 def _json_value(value: Any) -> Any:

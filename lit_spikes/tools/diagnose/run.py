@@ -56,11 +56,12 @@ def diagnose(
             from the checkpoint's record), the loss's tag, ExactResume and the seed.
         model: the run's LightningModule: a factory (called once per replay) or a class
             path, ``{"class_path", "init_args"}`` or ``ClassPath`` (None: the run's
-            ``config.yaml``'s, else the demo's); a class path without ``init_args`` is
-            built as its ``load_from_checkpoint`` builds it (``subject.from_file``).
+            ``config.yaml``'s, else the demo's, built as its ``load_from_checkpoint``
+            builds it from the file: ``subject.from_file``).
         data: a factory of the run's LightningDataModule (or of None: the module's own
             dataloaders) or a class path (None: the run's ``config.yaml``'s, else the
-            demo's for the demo's module), built as ``model`` is.
+            demo's for the demo's module); a class with a ``load_from_checkpoint`` of its
+            own (the demo's) is built by it from the file.
             Replay (b) skips data positions: a ``StepLoader`` or ``PositionedData``.
         callbacks: the run's callbacks, a list (copied for each replay) or a factory
             (None: rebuilt as a ``lit-spikes fit`` resume does; ``subject``).

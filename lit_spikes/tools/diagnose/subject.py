@@ -74,11 +74,9 @@ def from_file(path: ClassPath, base: type, ckpt_path: Path, **kwargs: Any) -> Ca
     Raises:
         ValueError: a class the file does not build (another module's checkpoint).
     """
-    klass: Any = path.klass(base, path.class_path)  # a LightningModule or -DataModule
+    klass = path.klass(base, path.class_path)
     try:
-        with warnings.catch_warnings():  # a data module's: again at each replay's restore
-            warnings.simplefilter("ignore")
-            built = klass.load_from_checkpoint(ckpt_path, map_location="cpu", **kwargs)
+        return loaded_copies(klass, ckpt_path, **kwargs)
     except (TypeError, KeyError, ValueError, RuntimeError) as error:
         said = str(error).splitlines()[0] if str(error) else type(error).__name__
         what = "model" if issubclass(klass, pl.LightningModule) else "data"
@@ -87,6 +85,15 @@ def from_file(path: ClassPath, base: type, ckpt_path: Path, **kwargs: Any) -> Ca
             f"{said}): give its {what}, {what}=<factory or class path> (--{what} "
             "CLASS_PATH), or diagnose a file of a run lit-spikes fit saved a config.yaml for"
         ) from None
+
+
+def loaded_copies(klass: Any, ckpt_path: Path, **kwargs: Any) -> Callable[[], Any]:
+    """A factory of copies of ``klass.load_from_checkpoint(ckpt_path, **kwargs)``, loaded
+    once. Its warnings (a data module's "other data than the run's") are left to each
+    replay's restore, which says them again."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = klass.load_from_checkpoint(ckpt_path, map_location="cpu", **kwargs)
     return lambda: copy.deepcopy(built)
 
 
