@@ -60,7 +60,7 @@ from lit_spikes.demo.module import (
     set_flush_denormal,
 )
 from lit_spikes.demo.plain import evaluate_bpc, train_plain
-from lit_spikes.tools.training import RunSpec, ddp_env
+from lit_spikes.shared.training import RunSpec, ddp_env
 
 DEMO_CHECKPOINT_EVERY = DemoSetup().checkpoint_every
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lit_spikes.demo.demos import PalmCost, print_demo3
 from lit_spikes.demo.main_job import read_ledger
-from lit_spikes.tools.command_line import command_parser, parse_config
+from lit_spikes.tools import command_parser, parse_config
 
 
 def main() -> None:

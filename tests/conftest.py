@@ -26,8 +26,8 @@ from lit_spikes.demo.data import DataConfig, StepDataModule
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import OptimConfig, TinyGPTModule
 from lit_spikes.demo.world import WorldConfig
-from lit_spikes.tools.training import RunSpec
-from lit_spikes.tools.training import ddp_env as training_ddp_env
+from lit_spikes.shared.training import RunSpec
+from lit_spikes.shared.training import ddp_env as training_ddp_env
 
 TINY_GPT = GPTConfig(n_layer=2, n_head=2, d_model=16, block_size=16)
 TINY_DATA = DataConfig(

@@ -218,6 +218,68 @@ def test_the_packages_import_one_way_down_with_no_circle() -> None:
     assert "tools" in floors["demo"] and "library" in floors["tools"]  # the view sees edges
 
 
+def public_names(root: Path, package: str) -> set[str]:
+    """The names a package of the tools lists in ``__all__`` (read, not imported)."""
+    path = root / Path(*package.split(".")) / "__init__.py"
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+TOOLS_PACKAGES = ("lit_spikes.tools", "lit_spikes.tools.diagnose", "lit_spikes.tools.recover")
+"""The tools' packages whose ``__all__`` is their public API (the commands' packages)."""
+
+
+def private_uses(sources: dict[str, str], public: dict[str, set[str]]) -> list[str]:
+    """What the demo's modules (name -> source) import of the tools outside their public
+    API: a name not in ``__all__`` of one of ``public``'s packages, or a tools module
+    that is not such a package."""
+    found = []
+    for name, text in sorted(sources.items()):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                found += [
+                    f"{name}: import {a.name}" for a in node.names if layer(a.name) == "tools"
+                ]
+            elif isinstance(node, ast.ImportFrom) and layer(node.module or "") == "tools":
+                allowed = public.get(node.module or "", set())
+                found += [
+                    f"{name}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name not in allowed
+                ]
+    return found
+
+
+def test_the_demo_uses_only_the_tools_public_api() -> None:
+    """Issue 63: the demo, on the top floor, uses the tools as a user's script would:
+    names in ``__all__`` of the tools' packages; what both build runs with is below both,
+    in ``lit_spikes.shared``."""
+    demo = {m: p.read_text() for m, p in source_modules(ROOT).items() if layer(m) == "demo"}
+    public = {package: public_names(ROOT, package) for package in TOOLS_PACKAGES}
+    assert private_uses(demo, public) == []
+    assert "diagnose" in public["lit_spikes.tools.diagnose"]  # the API was read
+    assert any("from lit_spikes.tools import" in text for text in demo.values())
+
+
+def test_a_private_use_of_the_tools_is_seen() -> None:
+    sources = {
+        "lit_spikes.demo.a": "from lit_spikes.tools.fit_cli import FitCLI\n",
+        "lit_spikes.demo.b": "import lit_spikes.tools.recover.loop\n",
+        "lit_spikes.demo.c": "from lit_spikes.tools.diagnose import diagnose, subject\n",
+        "lit_spikes.demo.d": "from lit_spikes.shared.training import RunSpec\n",
+    }
+    public = {"lit_spikes.tools.diagnose": {"diagnose"}}
+    assert private_uses(sources, public) == [
+        "lit_spikes.demo.a: from lit_spikes.tools.fit_cli import FitCLI",
+        "lit_spikes.demo.b: import lit_spikes.tools.recover.loop",
+        "lit_spikes.demo.c: from lit_spikes.tools.diagnose import subject",
+    ]
+
+
 def test_no_import_circles() -> None:
     assert circles(import_graph(ROOT)) == []
 

@@ -45,8 +45,8 @@ from lit_spikes.demo.data import DataConfig, StepDataModule
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import DEFAULT_MODEL_SEED, OptimConfig, TinyGPTModule
 from lit_spikes.demo.tensorboard import HPARAM_METRIC
-from lit_spikes.tools.tb import write_hparams
-from lit_spikes.tools.training import RunSpec, quiet_branches
+from lit_spikes.shared.tb import write_hparams
+from lit_spikes.shared.training import RunSpec, quiet_branches
 
 
 @dataclass

@@ -38,7 +38,7 @@ from lit_spikes.demo.demo_tables import (
 )
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import DEFAULT_MODEL_SEED, OptimConfig
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 
 __all__ = [
     "CGROUP_ROOT",

@@ -58,9 +58,9 @@ from lit_spikes.demo.demos import (
     print_demo3,
 )
 from lit_spikes.demo.tensorboard import LAYOUT
-from lit_spikes.tools.command_line import command_parser, parse_config
-from lit_spikes.tools.tb import write_summary
-from lit_spikes.tools.training import unwritable_directory
+from lit_spikes.shared.tb import write_summary
+from lit_spikes.shared.training import unwritable_directory
+from lit_spikes.tools import command_parser, parse_config
 
 
 @dataclass

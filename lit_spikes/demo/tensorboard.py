@@ -1,10 +1,10 @@
 """What the demo shows in TensorBoard beside its runs: the custom-scalars layout of its
 curves, one chart per tag across every row, and the HPARAMS metric of its rows, the final
-validation bits/char (``lit_spikes.tools.tb`` writes them; it names no demo tag)."""
+validation bits/char (``lit_spikes.shared.tb`` writes them; it names no demo tag)."""
 
 from __future__ import annotations
 
-from lit_spikes.tools.tb import hparam_tag
+from lit_spikes.shared.tb import hparam_tag
 
 HPARAM_METRIC = hparam_tag("val/bpc")
 """The HPARAMS view's metric of the demos' rows: the final validation bits/char."""

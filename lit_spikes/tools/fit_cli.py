@@ -39,6 +39,12 @@ from lit_spikes.checkpoints import (
     newest_valid_checkpoint,
 )
 from lit_spikes.shared.plain import flat_config, plain_config
+from lit_spikes.shared.tb import RunLogger
+from lit_spikes.shared.training import (
+    CHECKPOINT_DIRNAME,
+    claim_run_directory,
+    standard_run,
+)
 from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools import run_record
 from lit_spikes.tools.class_paths import first_problem, help_classes
@@ -88,12 +94,6 @@ from lit_spikes.tools.fit_plan import (
 from lit_spikes.tools.fit_start import DirectoryState, FitStart, fit_or_restore, start_anew
 from lit_spikes.tools.resume_callbacks import entries_to_resume, keys_of
 from lit_spikes.tools.run_record import RECORD_NAME, RecordError, announce, record_path
-from lit_spikes.tools.tb import RunLogger
-from lit_spikes.tools.training import (
-    CHECKPOINT_DIRNAME,
-    claim_run_directory,
-    standard_run,
-)
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from lit_spikes.checkpoints import checkpoint_files_if_any
+from lit_spikes.shared.training import CHECKPOINT_DIRNAME, unwritable_directory
 from lit_spikes.tools.cli_parsing import launched_rank, trainer_setting_problem
 from lit_spikes.tools.fit_defaults import stated_run_steps
 from lit_spikes.tools.resume_callbacks import RecordedCallbacks
 from lit_spikes.tools.run_record import RECORD_NAME, read_record, record_path
-from lit_spikes.tools.training import CHECKPOINT_DIRNAME, unwritable_directory
 
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
 """``--ckpt_path`` keywords of Lightning's for files lit-spikes does not write."""

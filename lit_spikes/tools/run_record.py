@@ -20,12 +20,11 @@ from typing import Any
 
 import yaml
 
+from lit_spikes.shared.training import CHECKPOINT_DIRNAME
 from lit_spikes.tools.factories import import_class
 from lit_spikes.tools.import_guard import refusal_of
 
 RECORD_NAME = "config.yaml"
-CHECKPOINT_DIRNAME = "checkpoints"
-"""The folder of a run's files that ``lit-spikes fit`` writes (``<run>/checkpoints``)."""
 
 _PLAIN = frozenset({object, str, bytes, int, float, bool, type(None), dict, list, tuple, set})
 """Annotations that name no class a class path could be checked against."""

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.demo.branches import Branch, BranchInterrupted, BranchRunner, _ready, run_branch
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM
 
 N, K = 12, 6

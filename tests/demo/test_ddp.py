@@ -31,7 +31,7 @@ from lit_spikes.callbacks import BatchSkipper, LRScaler, SpikeDetector
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.demo.data import DataConfig, StepDataModule
 from lit_spikes.demo.module import TinyGPTModule
-from lit_spikes.tools.training import RunSpec, checkpoint_path
+from lit_spikes.shared.training import RunSpec, checkpoint_path
 from tests.conftest import (
     REPO,
     TINY_DATA,

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.demo.ablations import ForgetOptimizerState, ForgetRNGState
 from lit_spikes.demo.data import StepDataModule
-from lit_spikes.tools.training import RunSpec, checkpoint_path
+from lit_spikes.shared.training import RunSpec, checkpoint_path
 from tests.conftest import (
     TINY_DATA,
     TINY_GPT,

@@ -37,8 +37,8 @@ from lit_spikes.checkpoints import (
     remove_leftovers,
 )
 from lit_spikes.demo.module import TinyGPTModule
+from lit_spikes.shared.training import checkpoint_path
 from lit_spikes.tools.cli import main as cli_main
-from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import (
     TINY_CLI,
     TINY_DATA,
@@ -257,7 +257,7 @@ def test_a_weights_only_file_serves_validation_but_not_a_resume(tmp_path: Path) 
     """Lightning's own save_checkpoint(weights_only=True): enough to evaluate a model or
     start a new run from its weights, not to resume one bit-exactly."""
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
 
     run = fit(tmp_path, "ref", K, val_every=K)
     weights, full = tmp_path / "weights.ckpt", checkpoint_path(run.spec.run_dir, K)

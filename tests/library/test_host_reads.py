@@ -29,7 +29,7 @@ from lit_spikes.demo import module
 from lit_spikes.demo.data import StepDataModule
 from lit_spikes.demo.model import TinyGPT
 from lit_spikes.demo.module import TinyGPTModule
-from lit_spikes.tools.tb import RunLogger
+from lit_spikes.shared.tb import RunLogger
 from tests.conftest import REPO, TINY_DATA, TINY_GPT, TINY_OPTIM, tb_scalars
 from tests.modules.user_modules import LoggingRegressor, regression_data
 
@@ -171,7 +171,7 @@ def test_the_device_guard_drops_a_non_finite_update_as_the_host_guard_does(
 ) -> None:
     """The masked step (no read, as on an accelerator) ends with the same weights, AdamW
     state and skipped steps as dropping the gradients after a read (a CPU's default)."""
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import (
         NaNAtStepModule,  # finite forward, NaN backward at step 12
         NaNLossModule,

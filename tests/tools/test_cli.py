@@ -446,8 +446,8 @@ def test_runspec_and_the_cli_take_the_standard_set_from_one_place(
     (here: the step checkpoint) reaches both."""
     from lit_spikes.callbacks import RunDirectoryLock
     from lit_spikes.checkpoints import AtomicCheckpointIO
-    from lit_spikes.tools import training
-    from lit_spikes.tools.tb import RunLogger
+    from lit_spikes.shared import training
+    from lit_spikes.shared.tb import RunLogger
 
     class Marker(Callback):
         pass

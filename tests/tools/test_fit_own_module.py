@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import ProgressBar
 
 from lit_spikes.callbacks import ExactResume
+from lit_spikes.shared.progress import StepProgressBar
 from lit_spikes.tools.cli import main
 from lit_spikes.tools.fit_defaults import (
     adds_exact_resume,
@@ -24,7 +25,6 @@ from lit_spikes.tools.fit_defaults import (
     seed_for,
     threads_for,
 )
-from lit_spikes.tools.progress import StepProgressBar
 from tests.conftest import load_ckpt, tb_scalars
 
 NET, OWN_EXACT, DATA = (

@@ -24,8 +24,8 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 import lit_spikes.callbacks.run_lock as run_lock
 from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import AtomicCheckpointIO, CheckpointWriteError, load_checkpoint
+from lit_spikes.shared.training import checkpoint_path
 from lit_spikes.tools.cli import main as cli_main
-from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import REPO, TINY_CLI, fit, lock_probe, tb_steps
 
 FULL = OSError(errno.ENOSPC, "No space left on device")

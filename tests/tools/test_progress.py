@@ -9,9 +9,9 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
+from lit_spikes.shared.progress import StepProgressBar, with_step_progress_bar
+from lit_spikes.shared.training import RunSpec, checkpoint_path
 from lit_spikes.tools.cli import build_cli
-from lit_spikes.tools.progress import StepProgressBar, with_step_progress_bar
-from lit_spikes.tools.training import RunSpec, checkpoint_path
 from tests.conftest import TINY_CLI, fit
 
 N, K = 12, 6

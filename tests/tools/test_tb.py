@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lit_spikes.demo.data import StepDataModule
 from lit_spikes.demo.module import LOGGED_AS, STEP_SCALARS, TinyGPTModule
 from lit_spikes.demo.tensorboard import HPARAM_METRIC
-from lit_spikes.tools.tb import RunLogger, flat_hparams
+from lit_spikes.shared.tb import RunLogger, flat_hparams
 from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, tb_scalars
 
 STEP_TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position"}
@@ -154,7 +154,7 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
     compared as text: it once made the main job's hp/val_bpc vanish in tiny runs)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from lit_spikes.tools.tb import write_hparams
+    from lit_spikes.shared.tb import write_hparams
 
     with SummaryWriter(log_dir=str(tmp_path), purge_step=20) as resumed:  # purges >= 20
         resumed.add_scalar("train/loss", 1.0, 20)

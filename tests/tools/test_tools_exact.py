@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
 from lit_spikes.callbacks import ExactResume, SpikeDetector
+from lit_spikes.shared.training import checkpoint_path, quiet_branches, step_checkpoint
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose import DiagnoseConfig, Replay, diagnose, verdict_cause
@@ -32,7 +33,6 @@ from lit_spikes.tools.recover import (
     read_ledger,
     recover,
 )
-from lit_spikes.tools.training import checkpoint_path, quiet_branches, step_checkpoint
 from tests.modules.recover_setup import Crash, scale_lr, weights
 from tests.modules.spiky_modules import FEATURES, JumpRegressor, StepRegressionData
 

@@ -1,4 +1,4 @@
-"""``RunSpec`` (lit_spikes/tools/training.py): it refuses callbacks that would replace the
+"""``RunSpec`` (lit_spikes/shared/training.py): it refuses callbacks that would replace the
 run's own, and a resume into the same run purges the stale steps' curves."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from lit_spikes.callbacks import (
     SpikeDetector,
 )
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import (
     TINY_DATA,
     fit,
@@ -22,7 +22,7 @@ N, K, EVERY = 20, 10, 5
 
 
 def test_runspec_refuses_callbacks_that_would_replace_the_runs_own(tmp_path: Path) -> None:
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
 
     with pytest.raises(ValueError, match=r"trainer_kwargs\['callbacks'\].*RunSpec\(callbacks="):
         RunSpec(tmp_path, "run", 4, trainer_kwargs={"callbacks": [SpikeDetector(ratio=1.4)]})

@@ -27,7 +27,7 @@ from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import OptimConfig
 from lit_spikes.demo.study.config import StudyConfig
 from lit_spikes.demo.study.leads import UpdateNormRecorder
-from lit_spikes.tools.training import checkpoint_path, quiet_branches
+from lit_spikes.shared.training import checkpoint_path, quiet_branches
 
 RESULT = "cell.json"
 """A done cell's result, in its run directory."""

@@ -16,7 +16,7 @@ from lit_spikes.demo.study.runner import (
     done_cells,
     run_study,
 )
-from lit_spikes.tools.command_line import command_parser, parse_config
+from lit_spikes.tools import command_parser, parse_config
 
 PROG = "lit-spikes study"
 DESCRIPTION = (
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
     if "--quick" in args:
         parser.set_defaults(_flat(QUICK))  # the preset first: other options override it
     config, parsed = parse_config(parser, StudyConfig, args)
-    from lit_spikes.tools.training import unwritable_directory
+    from lit_spikes.shared.training import unwritable_directory
 
     why = unwritable_directory(Path(config.log_root))
     if why is not None:

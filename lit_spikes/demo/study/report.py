@@ -213,7 +213,7 @@ def write_report(
         for name in sorted(results):
             writer.writerow([results[name].get(k, "") for k in keys])
     from lit_spikes.demo.tensorboard import LAYOUT
-    from lit_spikes.tools.tb import write_summary
+    from lit_spikes.shared.tb import write_summary
 
     write_summary(root, {"study/report": report.markdown}, LAYOUT)
     return paths

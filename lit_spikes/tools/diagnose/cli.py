@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lit_spikes.checkpoints import CheckpointError
+from lit_spikes.shared.training import unwritable_directory
 from lit_spikes.tools.command_line import (
     add_class_path,
     as_plain,
@@ -35,7 +36,6 @@ from lit_spikes.tools.diagnose.subject import loaded_copies
 from lit_spikes.tools.diagnose.verdict import Verdict
 from lit_spikes.tools.factories import ClassPath
 from lit_spikes.tools.run_record import announce, read_record, record_path
-from lit_spikes.tools.training import unwritable_directory
 
 PROG = "lit-spikes diagnose"
 DESCRIPTION = (

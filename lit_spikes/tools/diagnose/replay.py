@@ -23,6 +23,7 @@ from lit_spikes.callbacks import BatchSkipper, SpikeDetector
 from lit_spikes.callbacks.exact_resume import STATE_KEY
 from lit_spikes.checkpoints import load_checkpoint
 from lit_spikes.loader import positioned
+from lit_spikes.shared.training import RunSpec, quiet_branches
 from lit_spikes.tool_facts import Column, ToolFacts
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
@@ -30,7 +31,6 @@ from lit_spikes.tools.diagnose.subject import Subject
 from lit_spikes.tools.diagnose.unlike import settings_unlike_the_run
 from lit_spikes.tools.diagnose.verdict import Replay, bit_equal
 from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
-from lit_spikes.tools.training import RunSpec, quiet_branches
 
 LOSS_TAGS = ("train/loss", "loss", "train_loss", "train_loss_step", "loss_step")
 """The TensorBoard tags a run's loss is looked for under, in order (TinyGPTModule logs

@@ -11,6 +11,7 @@ from typing import Any
 from lit_spikes.callbacks.exact_resume import clipping_from_checkpoint, saved_fingerprint
 from lit_spikes.callbacks.fingerprint import software_fingerprint
 from lit_spikes.shared.plain import flat_config, plain_config
+from lit_spikes.shared.training import CHECKPOINT_DIRNAME
 from lit_spikes.tool_facts import facts_of
 from lit_spikes.tools.diagnose import explain
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
@@ -30,7 +31,6 @@ from lit_spikes.tools.diagnose.subject import (
     subject_of,
 )
 from lit_spikes.tools.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
-from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME
 
 
 def diagnose(

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import PositionedData
+from lit_spikes.shared.training import CHECKPOINT_DIRNAME, RunSpec
 from lit_spikes.tool_facts import ToolFacts, facts_of
 from lit_spikes.tools.factories import ClassPath, Factory, Instantiate, factory_of
 from lit_spikes.tools.recover.config import FACTORY, RecoverConfig
@@ -26,7 +27,6 @@ from lit_spikes.tools.recover.history import HISTORY_NAME, read_history
 from lit_spikes.tools.recover.ledger import BranchRecord, Intervention, dedupe_spikes
 from lit_spikes.tools.recover.remedies import SpikeContext, remedy_callbacks
 from lit_spikes.tools.resume_callbacks import with_exact_resume
-from lit_spikes.tools.training import CHECKPOINT_DIRNAME, RunSpec
 
 
 @dataclass(frozen=True)

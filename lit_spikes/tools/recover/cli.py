@@ -15,6 +15,7 @@ from rich.console import Console
 
 from lit_spikes.callbacks import RunDirectoryBusy
 from lit_spikes.checkpoints import CheckpointError
+from lit_spikes.shared.training import unwritable_directory
 from lit_spikes.tools.command_line import CommandParser, add_class_path, command_parser, config_of
 from lit_spikes.tools.recover.config import RecoverConfig, default_data, default_model
 from lit_spikes.tools.recover.ledger import (
@@ -25,7 +26,6 @@ from lit_spikes.tools.recover.ledger import (
 )
 from lit_spikes.tools.recover.loop import RecoverInterrupted, RecoverResult, recover
 from lit_spikes.tools.recover.ranks import RankZeroStopped
-from lit_spikes.tools.training import unwritable_directory
 
 PROG = "lit-spikes recover"
 DESCRIPTION = (

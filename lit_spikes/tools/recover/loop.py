@@ -24,6 +24,7 @@ from lit_spikes.callbacks.common import trainer_callbacks
 from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
 from lit_spikes.shared.plain import plain_config
+from lit_spikes.shared.training import checkpoint_path, quiet_branches
 from lit_spikes.tools.recover.branch import (
     Builders,
     branch_run,
@@ -67,7 +68,6 @@ from lit_spikes.tools.recover.remedies import (
 )
 from lit_spikes.tools.recover.report import print_ledger
 from lit_spikes.tools.recover.rollback import choose_rollback, newest_on_lineage
-from lit_spikes.tools.training import checkpoint_path, quiet_branches
 
 _T = TypeVar("_T")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from lit_spikes.callbacks.rollback import RollbackRestore
 from lit_spikes.checkpoints import newest_valid_checkpoint
+from lit_spikes.shared.training import CHECKPOINT_DIRNAME
 from lit_spikes.tools.recover.ledger import BranchRecord, Ledger
-from lit_spikes.tools.training import CHECKPOINT_DIRNAME
 
 Choice = tuple[int, str | None, str | None]
 """``(step, path, owner branch)``; ``(0, None, None)``: from scratch."""

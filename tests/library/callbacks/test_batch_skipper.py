@@ -11,7 +11,7 @@ import torch
 from lit_spikes.callbacks import (
     BatchSkipper,
 )
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import assert_states_equal, fit, load_ckpt, tb_scalars
 from tests.modules.guarantee_modules import (
     MomentumRegressor,

@@ -21,8 +21,8 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.callbacks.common import make_state_key
+from lit_spikes.shared.training import checkpoint_path
 from lit_spikes.tools.resume_callbacks import keys_of
-from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import fit, load_ckpt
 
 N, K, EVERY = 20, 10, 5

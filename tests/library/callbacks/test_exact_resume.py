@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SkipStep
 from lit_spikes.callbacks.fingerprint import fingerprint
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import (
     REPO,
     fit,

@@ -14,7 +14,7 @@ from lit_spikes.callbacks import (
     LRScaler,
 )
 from lit_spikes.demo.module import TinyGPTModule
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, assert_states_equal, fit, load_ckpt
 from tests.modules.guarantee_modules import (
     DrawingRegressor,

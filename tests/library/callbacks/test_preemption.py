@@ -26,7 +26,7 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.demo.module import TinyGPTModule
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import (
     TINY_DATA,
     TINY_GPT,
@@ -185,7 +185,7 @@ def test_a_signal_in_the_last_step_of_a_run_of_epochs_ends_it_as_finished(
     """A run that max_epochs ends (int limit_train_batches) ends at its last batch as
     finished too: it was reported preempted, with a file and nothing to resume."""
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
 
     epochs = {"max_steps": -1, "max_epochs": 1, "limit_train_batches": 6, "limit_val_batches": 0}
     spec = RunSpec(tmp_path, "run", 6, checkpoint_every=100, callbacks=[SignalAt(signal_step)])

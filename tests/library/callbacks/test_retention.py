@@ -79,7 +79,7 @@ def test_retention_keeps_the_file_a_rollback_from_the_last_step_needs(
     before step 15 (an even distance once missed it by one); after an update skipped for
     a NaN at step 7, rollbacks refuse every later file, so the one before it must stay."""
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import NaNLossModule
 
     directory = tmp_path / "run" / "checkpoints"

@@ -11,8 +11,8 @@ from lit_spikes.callbacks import (
     ExactResume,
     RollbackRestore,
 )
+from lit_spikes.shared.training import checkpoint_path
 from lit_spikes.tools.cli import main as cli_main
-from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import (
     TINY_CLI,
     assert_states_equal,

@@ -25,7 +25,7 @@ from lit_spikes.callbacks.run_lock import LOCK_NAME
 from lit_spikes.checkpoints import (
     CheckpointWriteError,
 )
-from lit_spikes.tools.training import checkpoint_path, unwritable_directory
+from lit_spikes.shared.training import checkpoint_path, unwritable_directory
 from tests.conftest import (
     fit,
     lock_probe,
@@ -173,7 +173,7 @@ def test_a_new_run_into_another_runs_checkpoints_is_refused_from_python_too(
 def test_a_failed_cleanup_after_the_lock_is_taken_releases_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lit_spikes.tools import training
+    from lit_spikes.shared import training
 
     def unreadable(directory: Path) -> list[Path]:
         raise PermissionError(13, "Permission denied", str(directory))

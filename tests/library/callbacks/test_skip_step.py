@@ -27,7 +27,7 @@ from lit_spikes.callbacks import (
     SpikeDetector,
 )
 from lit_spikes.checkpoints import checkpoint_files
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import (
     REPO,
     TINY_DATA,
@@ -377,7 +377,7 @@ def test_a_detector_listed_before_skip_step_sees_the_skipped_steps_real_gradient
 def test_a_non_finite_loss_leaves_no_gradient_norm_in_any_window(tmp_path: Path) -> None:
     """Its gradients are dropped: its norm is not 0 in any window, and not a value."""
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import TINY_GPT, NaNLossModule
 
     skip = SkipStep(monitor="grad_norm", window=8, sigma=6.0, warmup=2)
@@ -550,7 +550,7 @@ def test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_targe
     tmp_path: Path,
 ) -> None:
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import NaNLossModule
 
     detector = SpikeDetector(ratio=1.4)
@@ -588,7 +588,7 @@ def test_nan_loss_skips_the_update_counts_as_spike_and_is_never_a_rollback_targe
 
 def test_nan_gradient_with_finite_loss_skips_the_update(tmp_path: Path) -> None:
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import NaNAtStepModule  # finite forward, NaN backward at step 12
 
     module = NaNAtStepModule(gpt=TINY_GPT, optim=TINY_OPTIM)

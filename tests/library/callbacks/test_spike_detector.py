@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import ExactResume, SkipStep, SpikeDetector
 from lit_spikes.callbacks.spike_detector import robust_limit
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, NaNAtStepModule, fit, load_ckpt
 from tests.modules.guarantee_modules import (
     PlantedMetric,
@@ -307,7 +307,7 @@ def test_spike_detector_flags_a_poisoned_batch_and_stops(
 
 def test_spike_detector_flags_nan_loss(tmp_path: Path) -> None:
     from lit_spikes.demo.data import StepDataModule
-    from lit_spikes.tools.training import RunSpec
+    from lit_spikes.shared.training import RunSpec
     from tests.conftest import TINY_GPT
 
     detector = SpikeDetector(action="stop")

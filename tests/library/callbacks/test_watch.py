@@ -13,7 +13,7 @@ from lit_spikes.callbacks import (
     SkipStep,
     SpikeDetector,
 )
-from lit_spikes.tools.training import checkpoint_path
+from lit_spikes.shared.training import checkpoint_path
 from tests.conftest import fit, load_ckpt
 
 

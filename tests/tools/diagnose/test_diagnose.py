@@ -20,9 +20,9 @@ from lightning.pytorch.callbacks import Callback
 
 from lit_spikes.callbacks import LRScaler, SpikeDetector
 from lit_spikes.demo.data import DataConfig, StepDataModule, data_config_from_dict
+from lit_spikes.shared.training import checkpoint_path
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.tools.training import checkpoint_path
 from tests.conftest import TINY_DATA, TINY_OPTIM, fit, load_ckpt
 
 N, K, EARLIER = 40, 20, 10

@@ -22,10 +22,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.callbacks import ExactResume, SpikeDetector
+from lit_spikes.shared.training import checkpoint_path, quiet_branches, step_checkpoint
 from lit_spikes.tools.cli import main as cli_main
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose import DiagnoseConfig, callbacks_from_checkpoint, diagnose
-from lit_spikes.tools.training import checkpoint_path, quiet_branches, step_checkpoint
 from tests.modules.spiky_modules import (
     CosineRegressor,
     FaultyRegressor,

@@ -1,4 +1,5 @@
-"""Building Trainers the way every script, test and the CLI of this project runs them."""
+"""Building Trainers the way every script, test and the CLI of this project runs them:
+the tools and the demo build theirs here, below both (issue 63)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.common import validates_at_this_step_anyway
 from lit_spikes.checkpoints import AtomicCheckpointIO, remove_leftovers
-from lit_spikes.tools.progress import with_step_progress_bar
-from lit_spikes.tools.run_record import CHECKPOINT_DIRNAME as CHECKPOINT_DIRNAME
-from lit_spikes.tools.tb import RunLogger
+from lit_spikes.shared.progress import with_step_progress_bar
+from lit_spikes.shared.tb import RunLogger
 
 if TYPE_CHECKING:
     from lit_spikes.callbacks.run_lock import RunDirectoryLock
+
+CHECKPOINT_DIRNAME = "checkpoints"
+"""The folder of a run's checkpoint files (``<run>/checkpoints``), for ``RunSpec`` and
+``lit-spikes fit`` alike."""
 
 CHECKPOINT_FILENAME = "{step}"
 """ModelCheckpoint's name pattern: files are called ``step=<k>.ckpt``."""
