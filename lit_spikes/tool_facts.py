@@ -21,7 +21,10 @@ class Column:
     attention logit."""
 
     key: str
-    """The per-step record key (a ``history`` key of the module, e.g. ``max_logit``)."""
+    """What the column reads at each step: a name the module logs every step
+    (``self.log(key, value)``), a key of the tools' own step records (``loss``, ``lr``,
+    ``position``), or of the module's own per-step records where it keeps them (a
+    ``history`` list: the demo's ``max_logit``). Under DDP, the largest of the ranks'."""
     header: str
     """What the column holds, as the tables head it (``"max attn logit"``)."""
     digits: int = 3

@@ -677,6 +677,28 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "logged_columns_not_recorded",  # recover's history: a column the module self.logs
+        "lit_spikes/tools/recover/history.py",
+        "    for key in columns:\n",
+        "    for key in ():\n",
+        (
+            FACTS + "test_a_column_the_module_logs_itself_is_recorded_and_compared",
+            FACTS + "test_the_comparison_shows_the_modules_columns_and_direction_only",
+        ),
+    ),
+    Mutation(
+        "diagnose_reads_no_logged_column",  # a replay records only the detector's names
+        "lit_spikes/tools/diagnose/replay.py",
+        "        recorder = StepRecorder(tuple(names))\n",
+        "        recorder = StepRecorder(self.judge.monitors)\n",
+        (
+            FACTS + "test_diagnose_shows_the_modules_columns_and_no_other",
+            FACTS
+            + "test_the_ledgers_spikes_are_plain_records_and_diagnose_names_the_columns_on_the_"
+            "command_line",
+        ),
+    ),
+    Mutation(
         "modules_own_checks_not_run",  # the module's ChecksItsRun never asked (its data's is)
         "lit_spikes/tools/fit_own_data.py",
         "    for owner in (model, datamodule):\n",

@@ -248,7 +248,9 @@ class FaultyRegressor(JumpRegressor):
 class FactRegressor(JumpRegressor):
     """``JumpRegressor`` that states its ``ToolFacts``, none of them the defaults: its loss
     under its own tag, its own spike rule and warm-up, the run's end, a validation score
-    where higher is better, and the largest LR after the spike as an extra column."""
+    where higher is better, and two extra columns: the largest LR after the spike (a key
+    of the tools' own step records) and the largest weight norm, which it logs itself
+    (``self.log``)."""
 
     def __init__(self, run_steps: int = 60, warmup_steps: int = 12, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -264,8 +266,17 @@ class FactRegressor(JumpRegressor):
             val_mode="max",
             run_steps=self.run_steps,
             warmup_steps=self.warmup_steps,
-            columns=(Column("lr", "largest LR", digits=2),),
+            columns=(
+                Column("lr", "largest LR", digits=2),
+                Column("weight_norm", "largest weight norm", digits=2),
+            ),
         )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        norm = torch.linalg.vector_norm(self.net[0].weight.detach())
+        self.log("weight_norm", norm, on_step=True, on_epoch=False)
+        return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch

@@ -17,7 +17,13 @@ from lit_spikes.callbacks import SpikeDetector
 from lit_spikes.tool_facts import Column, ToolFacts, facts_of
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.replay import judge_of
-from lit_spikes.tools.recover import RecoverConfig, print_ledger, read_ledger, recover
+from lit_spikes.tools.recover import (
+    RecoverConfig,
+    print_ledger,
+    read_ledger,
+    recover,
+)
+from lit_spikes.tools.recover.history import lineage_records
 from tests.modules.recover_setup import scale_lr
 from tests.modules.spiky_modules import FactRegressor, JumpRegressor
 
@@ -81,6 +87,7 @@ def test_the_comparison_shows_the_modules_columns_and_direction_only(facts_run: 
         "val score",
         "spikes flagged",
         "largest LR after 1st spike",
+        "largest weight norm after 1st spike",
         "compared",
     ]
     assert "compared by val_score at step 60" in text and "higher is better" in text
@@ -91,6 +98,22 @@ def test_the_comparison_shows_the_modules_columns_and_direction_only(facts_run: 
     assert name == "val score" and f"val score {value:.3f}" in text
     nothing = next(r for r in ledger.comparison if r["run"].startswith("do nothing"))
     assert nothing["cells"][2] == ["largest LR after 1st spike", 2.0, 2]  # the jump: 0.1 x 20
+    assert all(isinstance(row["cells"][3][1], float) for row in ledger.comparison)  # logged
+
+
+def test_a_column_the_module_logs_itself_is_recorded_and_compared(facts_run: Path) -> None:
+    """A column's key may be what the module logs with ``self.log`` (``FactRegressor``'s
+    ``weight_norm``): each branch's history records it at every step, and the comparison
+    shows its largest value from the first spike on (it showed n/a, the key unrecorded)."""
+    ledger = read_ledger(facts_run)
+    first = ledger.interventions[0].spike.step
+    branch = next(b for b in ledger.branches if b.name == "compare/do_nothing")
+    records = lineage_records(ledger, facts_run, branch.name)
+    norms = [r["weight_norm"] for r in records if "step" in r]
+    assert len(norms) == 60 and all(n > 0 for n in norms)  # every step, the module's value
+    largest = max(r["weight_norm"] for r in records if r.get("step", -1) >= first)
+    nothing = next(r for r in ledger.comparison if r["run"].startswith("do nothing"))
+    assert nothing["cells"][3] == ["largest weight norm after 1st spike", largest, 2]
 
 
 def test_the_stitched_run_logs_the_loss_under_the_modules_tag(facts_run: Path) -> None:
@@ -227,7 +250,10 @@ def test_diagnose_shows_the_modules_columns_and_no_other(facts_run: Path) -> Non
     ckpt = next(facts_run.glob("*/checkpoints/step=20.ckpt"))
     model = {"class_path": FACTS, "init_args": {"jump_step": 30}}
     verdict = diagnose(ckpt, 31, model=model, data=DATA)
-    assert [c.key for c in verdict.columns] == ["lr"] and verdict.same_data.extra["lr"] == 2.0
+    assert [c.key for c in verdict.columns] == ["lr", "weight_norm"]
+    assert verdict.same_data.extra["lr"] == 2.0  # a key of diagnose's own step records
+    norm = verdict.same_data.extra["weight_norm"]  # one the module logs itself
+    assert norm is not None and norm > 0
 
     def table(columns: tuple[Column, ...]) -> str:
         console = Console(width=200, record=True)
@@ -260,5 +286,6 @@ def test_the_ledgers_spikes_are_plain_records_and_diagnose_names_the_columns_on_
     main([*argv, "--data.init_args.rows", "4096", "--json", str(tmp_path / "v.json")])
     assert "largest LR" in capsys.readouterr().out
     verdict = json.loads((tmp_path / "v.json").read_text())
-    assert [c["key"] for c in verdict["columns"]] == ["lr"]
-    assert verdict["same_data"]["extra"] == {"lr": 2.0}
+    assert [c["key"] for c in verdict["columns"]] == ["lr", "weight_norm"]
+    assert verdict["same_data"]["extra"]["lr"] == 2.0
+    assert verdict["same_data"]["extra"]["weight_norm"] > 0

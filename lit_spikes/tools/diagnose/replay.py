@@ -91,10 +91,10 @@ class StepRecorder(Callback):
     """Each step's numbers as plain floats, by step: ``loss`` (what ``training_step``
     returned), ``position`` (the data position the step trained on: its step where the
     data is not positioned), ``lr`` (the first optimizer's as the step began), the
-    ``names`` the detector watches (``grad_norm`` before any clipping; others from
-    ``callback_metrics``), and whatever the module's own record of the step holds (its
-    ``history``: the demo's ``max_logit``). First among the callbacks: it measures the
-    gradients before a remedy drops them."""
+    ``names`` the detector watches and the module's columns (``grad_norm`` before any
+    clipping; others as the module logs them, ``callback_metrics``), and whatever the
+    module's own record of the step holds (its ``history``: the demo's ``max_logit``).
+    First among the callbacks: it measures the gradients before a remedy drops them."""
 
     def __init__(self, names: Sequence[str] = ()) -> None:
         self.names = tuple(names)
@@ -292,7 +292,9 @@ class Replayer:
         checkpoint = self.reads(ckpt_path)
         k = int(checkpoint["global_step"])
         remedies = ckpt_path if remedies_of is None else remedies_of
-        recorder = StepRecorder(self.judge.monitors)
+        # the detector's names and the module's columns, each read as it logs them
+        names = dict.fromkeys([*self.judge.monitors, *(c.key for c in self.columns)])
+        recorder = StepRecorder(tuple(names))
         callbacks = [recorder, *self.subject.callbacks_for(self.reads(remedies), remedies)]
         callbacks = with_exact_resume(callbacks, self.config.exact_resume)
         if skipped is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,22 +108,50 @@ class StepClock(Callback):
 
 
 def step_record(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, clock: StepClock
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    outputs: Any,
+    clock: StepClock,
+    columns: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The record of step ``step``, just trained: the module's own when it keeps one
-    (``TinyGPTModule.history``: loss, max_logit, lr, position), else built here: the
-    step's loss (its ``outputs``, else the logged ``loss``), the LR of the first
-    optimizer as the step began, and the data position of the step (the step itself when
-    the data is not positioned)."""
+    (a ``history`` list whose last record is of this step: the demo's loss, max_logit,
+    lr, position), else built here: the step's loss (its ``outputs``, else the logged
+    ``loss``), the LR of the first optimizer as the step began, and the data position of
+    the step (the step itself when the data is not positioned). Each of the module's
+    ``columns`` (``ToolFacts.columns``' keys) that the record lacks is read from what
+    the module logged this step (``self.log``: ``callback_metrics``)."""
     step = clock.step
     history = getattr(pl_module, "history", None)
     if isinstance(history, list) and history and history[-1].get("step") == step:
-        return dict(history[-1])
-    record: dict[str, Any] = {"step": step, "loss": _loss(trainer, outputs)}
-    if clock.lr is not None:
-        record["lr"] = clock.lr
-    data = positioned(trainer)
-    record["position"] = step if data is None else int(data.position_of_step(step))
+        record = dict(history[-1])
+    else:
+        record = {"step": step, "loss": _loss(trainer, outputs)}
+        if clock.lr is not None:
+            record["lr"] = clock.lr
+        data = positioned(trainer)
+        record["position"] = step if data is None else int(data.position_of_step(step))
+    for key in columns:
+        value = trainer.callback_metrics.get(key)
+        if key not in record and isinstance(value, torch.Tensor) and value.numel() == 1:
+            record[key] = float(value)
+    return record
+
+
+def global_record(
+    record: dict[str, Any], ranks: list[list[float]], columns: Sequence[str]
+) -> dict[str, Any]:
+    """``record`` (this rank's) with the global values of the step: ``ranks`` holds each
+    rank's ``[loss, *columns]`` (NaN where a rank has none). The loss is their mean, as the
+    detector judges it, with each rank's as ``rank_loss``; a column is the largest (a
+    comparison column is the largest value of a run), NaN if any rank's is, and left out
+    where no rank has one."""
+    losses = [row[0] for row in ranks]
+    record = {**record, "loss": sum(losses) / len(losses), "rank_loss": losses}
+    for index, key in enumerate(columns, start=1):
+        values = [row[index] for row in ranks]
+        if key in record or not all(map(math.isnan, values)):
+            record[key] = math.nan if any(map(math.isnan, values)) else max(values)
     return record
 
 
@@ -138,12 +166,17 @@ class HistoryLog(Callback):
     """Appends each step's record, and each validation's bits/char, to ``history.jsonl``
     as it happens, so a branch killed at any moment keeps what it trained.
 
-    Under DDP every rank runs it (the records hold the global values: the loss averaged
-    over the ranks' shards, the largest ``max_logit``, as the detector judges them, from
-    one ``all_gather`` per step) and rank 0 alone writes."""
+    ``columns``: the module's comparison columns (``ToolFacts.columns``' keys), recorded
+    each step where the module logs them. Under DDP every rank runs it (the records hold
+    the global values, ``global_record``: the loss averaged over the ranks' shards, as the
+    detector judges it, and each column's largest, from one ``all_gather`` per step) and
+    rank 0 alone writes."""
 
-    def __init__(self, path: Path, clock: StepClock, write: bool = True) -> None:
+    def __init__(
+        self, path: Path, clock: StepClock, write: bool = True, columns: Sequence[str] = ()
+    ) -> None:
         self.path, self.clock, self.write = path, clock, write
+        self.columns = tuple(columns)
         self._handle: Any = None
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -161,17 +194,12 @@ class HistoryLog(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
-        record = step_record(trainer, pl_module, outputs, self.clock)
+        record = step_record(trainer, pl_module, outputs, self.clock, self.columns)
         if trainer.world_size > 1:
-            logit = record.get("max_logit", math.nan)
-            local = torch.tensor([record["loss"], logit], dtype=torch.float64)
-            ranks = trainer.strategy.all_gather(local).reshape(trainer.world_size, 2).tolist()
-            losses = [loss for loss, _ in ranks]
-            logits = [logit for _, logit in ranks]
-            record["loss"] = sum(losses) / len(losses)
-            if "max_logit" in record:
-                record["max_logit"] = math.nan if any(map(math.isnan, logits)) else max(logits)
-            record["rank_loss"] = losses
+            row = [record["loss"], *(record.get(key, math.nan) for key in self.columns)]
+            local = torch.tensor(row, dtype=torch.float64)
+            gathered = trainer.strategy.all_gather(local).reshape(trainer.world_size, len(row))
+            record = global_record(record, gathered.tolist(), self.columns)
         read_back(trainer)  # a SkipStep's decision of this step, from the device
         skipped = (
             cb.skipped_steps for cb in trainer_callbacks(trainer) if isinstance(cb, SkipStep)

@@ -394,7 +394,8 @@ class RecoveryLoop:
             detector, record.gate, record.accept_after, accept, step_clock, record.start_step
         )
         gate.accepted = gate.accepted or record.accepted_at is not None
-        history_log = HistoryLog(run_dir / HISTORY_NAME, step_clock, write=self.ranks.leader)
+        columns = [column.key for column in self.facts.columns]
+        history_log = HistoryLog(run_dir / HISTORY_NAME, step_clock, self.ranks.leader, columns)
         extra = list(self.extra_callbacks(record)) if self.extra_callbacks else []
         callbacks = [detector, step_clock, gate, history_log, *extra]
         resume_step = start if ckpt else None
