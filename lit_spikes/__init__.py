@@ -7,12 +7,27 @@ What the tools read of a module: ``ToolFacts`` (docs/tool-facts.md).
 
 from typing import TYPE_CHECKING, Any
 
-from lit_spikes.tool_facts import ChecksItsRun, Column, SpikeToolsModule, ToolFacts, facts_of
+from lit_spikes.tool_facts import (
+    ChecksItsRun,
+    Column,
+    SpikeToolsModule,
+    ToolFacts,
+    Variant,
+    facts_of,
+)
 
 if TYPE_CHECKING:
     from lit_spikes.loader import StepLoader
 
-__all__ = ["ChecksItsRun", "Column", "SpikeToolsModule", "StepLoader", "ToolFacts", "facts_of"]
+__all__ = [
+    "ChecksItsRun",
+    "Column",
+    "SpikeToolsModule",
+    "StepLoader",
+    "ToolFacts",
+    "Variant",
+    "facts_of",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,6 +37,39 @@ class Column:
             raise ValueError(f"Column.digits={self.digits} must be >= 0")
 
 
+DO_NOTHING = "do_nothing"
+"""recover's comparison row that continues the first run through its spike (any module)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A variant of the module that recover's comparison trains from scratch at the same
+    settings otherwise (``--compare true``, or by ``name``): a fix aimed at the cause of
+    the module's spikes, to set beside the remedies (the demo's QK-norm)."""
+
+    name: str
+    """The row's name (``--compare [do_nothing, NAME]``) and its branch's
+    (``compare/NAME``): letters, digits and underscores."""
+    label: str
+    """How recover's comparison table names the row."""
+    init_args: Mapping[str, Any]
+    """Merged over the module's own ``init_args`` (a mapping into a mapping key by key:
+    the demo's ``{"gpt": {"qk_norm": True}}`` changes one field of its ``gpt``)."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name == DO_NOTHING:
+            raise ValueError(
+                f"Variant.name={self.name!r}: give letters, digits and underscores (not "
+                f"{DO_NOTHING!r}, the comparison's own row)"
+            )
+        if not self.label or not self.init_args:
+            raise ValueError(
+                f"Variant {self.name!r}: give a label and the init_args it changes "
+                f"(label={self.label!r}, init_args={self.init_args!r})"
+            )
+        object.__setattr__(self, "init_args", dict(self.init_args))
+
+
 @dataclass(frozen=True)
 class ToolFacts:
     """What a module tells the tools about its run. The defaults fit any module: the
@@ -64,6 +97,9 @@ class ToolFacts:
     """Steps from the start in which no spike is flagged (the demo: its LR warm-up)."""
     columns: tuple[Column, ...] = ()
     """Extra columns of recover's comparison table."""
+    variants: tuple[Variant, ...] = ()
+    """Variants recover's comparison may train from scratch beside doing nothing (the
+    demo: QK-norm). Each by its name, none twice."""
 
     def __post_init__(self) -> None:
         if self.val_mode not in ("min", "max"):
@@ -76,6 +112,14 @@ class ToolFacts:
         if not all(isinstance(c, Column) for c in columns):
             raise ValueError(f"ToolFacts.columns={columns!r} must be Column objects")
         object.__setattr__(self, "columns", columns)
+        variants = tuple(self.variants)
+        if not all(isinstance(v, Variant) for v in variants):
+            raise ValueError(f"ToolFacts.variants={variants!r} must be Variant objects")
+        for what in ("name", "label"):
+            seen = [getattr(v, what) for v in variants]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"ToolFacts.variants: each {what} once, not {seen!r}")
+        object.__setattr__(self, "variants", variants)
         object.__setattr__(self, "curves", dict(self.curves))
         object.__setattr__(self, "detector", dict(self.detector))
 
@@ -83,6 +127,11 @@ class ToolFacts:
     def val_name(self) -> str | None:
         """``val_metric`` as reports name it."""
         return self.val_label or self.val_metric
+
+    def variant(self, name: str) -> Variant:
+        """The variant of that name (KeyError: none)."""
+        found = {v.name: v for v in self.variants}
+        return found[name]
 
     def tag(self, key: str) -> str:
         """The TensorBoard tag of a per-step record key."""

@@ -699,6 +699,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "module_variants_not_offered",  # --compare: doing nothing alone, whatever the module
+        "lit_spikes/tools/recover/config.py",
+        "        return (DO_NOTHING, *(v.name for v in self.facts.variants))\n",
+        "        return (DO_NOTHING,)\n",
+        (
+            FACTS + "test_the_modules_variant_is_a_comparison_row_from_scratch",
+            FACTS + "test_compare_names_the_modules_variants_and_refuses_others",
+        ),
+    ),
+    Mutation(
         "modules_own_checks_not_run",  # the module's ChecksItsRun never asked (its data's is)
         "lit_spikes/tools/fit_own_data.py",
         "    for owner in (model, datamodule):\n",

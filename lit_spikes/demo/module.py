@@ -31,7 +31,7 @@ from lit_spikes.demo.setup_checks import (
 )
 from lit_spikes.demo.step_records import MaskedStep, Row, StepRecords
 from lit_spikes.shared.processes import destroy_process_group_at_exit
-from lit_spikes.tool_facts import Column, ToolFacts
+from lit_spikes.tool_facts import Column, ToolFacts, Variant
 
 DEFAULT_MODEL_SEED = 1
 """Initialisation seed of the default run: with data seed 0 it shows the spike (README)."""
@@ -45,6 +45,10 @@ DETECTOR_RULE = {"ratio": 1.4, "window": 20}
 """The demo's spike rule: its spike at 1.65x the mean is caught, and its healthy steps
 stay below 1.4x (docs/detector.md)."""
 MAX_LOGIT_COLUMN = Column("max_logit", "max attn logit", digits=1)
+QK_NORM_VARIANT = Variant(
+    "qk_norm", "QK-norm at the same LR (from scratch)", {"gpt": {"qk_norm": True}}
+)
+"""recover's comparison row of the fix aimed at the cause (the attention logit's growth)."""
 """The tools' column of the largest attention logit (recover's: after the first spike)."""
 
 CHECKPOINT_KEY = "lit_spikes"
@@ -256,7 +260,8 @@ class TinyGPTModule(pl.LightningModule):
     def tool_facts(self) -> ToolFacts:
         """What the tools read of this module (``lit_spikes.SpikeToolsModule``): its
         curves' tags, the demo's spike rule, validation bits/char (lower is better), the
-        run's end and warm-up from its LR schedule, the largest attention logit."""
+        run's end and warm-up from its LR schedule, the largest attention logit, and QK-norm
+        as the variant that aims at the cause of its spikes."""
         return ToolFacts(
             curves=LOGGED_AS,
             detector=DETECTOR_RULE,
@@ -266,6 +271,7 @@ class TinyGPTModule(pl.LightningModule):
             run_steps=self.optim_config.max_steps,
             warmup_steps=self.optim_config.warmup_steps,
             columns=(MAX_LOGIT_COLUMN,),
+            variants=(QK_NORM_VARIANT,),
         )
 
     @property

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lit_spikes import StepLoader
-from lit_spikes.tool_facts import Column, ToolFacts
+from lit_spikes.tool_facts import Column, ToolFacts, Variant
 
 FEATURES = 8
 
@@ -250,7 +250,8 @@ class FactRegressor(JumpRegressor):
     under its own tag, its own spike rule and warm-up, the run's end, a validation score
     where higher is better, and two extra columns: the largest LR after the spike (a key
     of the tools' own step records) and the largest weight norm, which it logs itself
-    (``self.log``)."""
+    (``self.log``); and the fix aimed at its spike's cause as a comparison variant (no LR
+    jump)."""
 
     def __init__(self, run_steps: int = 60, warmup_steps: int = 12, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -270,6 +271,7 @@ class FactRegressor(JumpRegressor):
                 Column("lr", "largest LR", digits=2),
                 Column("weight_norm", "largest weight norm", digits=2),
             ),
+            variants=(Variant("no_jump", "no LR jump (from scratch)", {"jump": 1.0}),),
         )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:

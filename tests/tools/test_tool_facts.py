@@ -14,7 +14,7 @@ from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_spikes.callbacks import SpikeDetector
-from lit_spikes.tool_facts import Column, ToolFacts, facts_of
+from lit_spikes.tool_facts import Column, ToolFacts, Variant, facts_of
 from lit_spikes.tools.detector_config import DetectorConfig
 from lit_spikes.tools.diagnose.replay import judge_of
 from lit_spikes.tools.recover import (
@@ -116,6 +116,31 @@ def test_a_column_the_module_logs_itself_is_recorded_and_compared(facts_run: Pat
     assert nothing["cells"][3] == ["largest weight norm after 1st spike", largest, 2]
 
 
+def test_the_modules_variant_is_a_comparison_row_from_scratch(facts_run: Path) -> None:
+    """``--compare true`` trains the module's variant (``FactRegressor``: no LR jump) from
+    scratch beside doing nothing: its init_args changed as the variant says, the others
+    as given; the cause gone, it flags no spike where doing nothing does."""
+    ledger = read_ledger(facts_run)
+    branch = ledger.branch("compare/no_jump")
+    assert (branch.start_step, branch.parent, branch.model_changes) == (0, None, {"jump": 1.0})
+    final = torch.load(facts_run / "compare/no_jump/checkpoints/step=60.ckpt", weights_only=True)
+    assert final["hyper_parameters"]["jump"] == 1.0
+    assert final["hyper_parameters"]["jump_step"] == 30  # the command line's, kept
+    rows = {row["run"]: row for row in ledger.comparison}
+    assert rows["no LR jump (from scratch)"]["spikes"] == 0
+    assert rows["do nothing (continue through the spike)"]["spikes"] >= 1
+    assert "no LR jump (from scratch)" in ledger_text(facts_run)
+
+
+def test_compare_names_the_modules_variants_and_refuses_others(tmp_path: Path) -> None:
+    model = {"class_path": FACTS, "init_args": {"jump_step": 30}}
+    given: dict[str, Any] = {"log_root": tmp_path, "model": model, "data": DATA, "val_every": 10}
+    assert RecoverConfig(**given, compare="no_jump").compare_rows == ("no_jump",)
+    assert RecoverConfig(**given, compare=True).compare_rows == ("do_nothing", "no_jump")
+    with pytest.raises(ValueError, match=r"some of \['do_nothing', 'no_jump'\], each once"):
+        RecoverConfig(**given, compare=["do_nothing", "qk_norm"])
+
+
 def test_the_stitched_run_logs_the_loss_under_the_modules_tag(facts_run: Path) -> None:
     events = EventAccumulator(str(facts_run / "accepted"))
     events.Reload()
@@ -168,6 +193,14 @@ def test_facts_are_checked_when_stated() -> None:
         ToolFacts(columns=("max_logit",))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"digits=-1"):
         Column("lr", "LR", digits=-1)
+    for name in ("do_nothing", "qk/norm", ""):
+        with pytest.raises(ValueError, match=r"Variant.name=.*letters, digits and underscores"):
+            Variant(name, "a row", {"lr": 0.1})
+    with pytest.raises(ValueError, match=r"Variant 'slow': give a label and the init_args"):
+        Variant("slow", "slower", {})
+    twice = [Variant("slow", "slower", {"lr": 0.1}), Variant("slow", "slowest", {"lr": 0.01})]
+    with pytest.raises(ValueError, match=r"variants: each name once, not \['slow', 'slow'\]"):
+        ToolFacts(variants=twice)
 
     class Wrong(JumpRegressor):
         tool_facts = "val_loss"

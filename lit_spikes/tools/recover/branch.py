@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,12 +53,12 @@ class Builders:
         )
 
     def module(self, record: BranchRecord) -> pl.LightningModule:
-        """The branch's module; the built-in one with its ``gpt_changes`` (QK-norm row)."""
-        if not record.gpt_changes:
+        """The branch's module: the config's, with a variant's ``model_changes`` merged
+        over its ``init_args`` (a comparison row; ``ToolFacts.variants``)."""
+        if not record.model_changes:
             built: pl.LightningModule = self.model()
             return built
-        init_args = dict(self.config.model["init_args"])
-        init_args["gpt"] = {**init_args["gpt"], **record.gpt_changes}
+        init_args = merged(self.config.model.get("init_args", {}), record.model_changes)
         path = ClassPath(self.config.model["class_path"], init_args)
         changed: pl.LightningModule = path.build(pl.LightningModule, "model")
         return changed
@@ -70,6 +70,18 @@ class Builders:
     def datamodule(self) -> pl.LightningDataModule:
         built: pl.LightningDataModule = self.data()
         return built
+
+
+def merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` over it, a mapping into a mapping key by key."""
+    result = dict(base)
+    for key, value in changes.items():
+        inner = result.get(key)
+        if isinstance(value, Mapping) and isinstance(inner, Mapping):
+            result[key] = merged(inner, value)
+        else:
+            result[key] = value
+    return result
 
 
 def _factory(given: Any, configured: dict[str, Any], base: type, what: str) -> Factory:

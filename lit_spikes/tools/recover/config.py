@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import lightning.pytorch as pl
 
 from lit_spikes.shared.plain import plain_config
-from lit_spikes.tool_facts import ToolFacts
+from lit_spikes.tool_facts import DO_NOTHING, ToolFacts
 from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
 from lit_spikes.tools.factories import ClassPath, complete_args, stated_facts
@@ -22,12 +22,9 @@ from lit_spikes.tools.fit_defaults import check_num_threads
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
 DEFAULT_MODEL = DEMO_MODEL
-"""The built-in model (the project's default run), and the only one with a QK-norm row."""
+"""The built-in model (the project's default run)."""
 DEFAULT_DATA = DEMO_DATA
 """The built-in data (the character world), built from its ``config`` (a ``DataConfig``)."""
-CompareRow = Literal["do_nothing", "qk_norm"]
-"""A comparison row of the report: the first run continued through its spike, or the
-built-in model with QK-norm at the same LR from scratch (a whole run more)."""
 FACTORY = "factory"
 """The key of a model or data given to ``run`` as a factory: ``{"factory": "<its name>"}``."""
 
@@ -151,10 +148,10 @@ class RecoverConfig:
     max_branches: int = 8
     """Remedy branches the loop may start over the whole run."""
     compare: bool | str | tuple[str, ...] = False  # names checked below: a clear error
-    """Also run 'do nothing' (the first run continued through its spike) and, for the
-    built-in model, the cause-aimed fix (QK-norm at the same LR, from scratch) as rows of
-    the report: True for both, or the rows by name (``do_nothing`` alone: not the QK-norm
-    run, which costs a whole run more)."""
+    """Also run 'do nothing' (the first run continued through its spike) and the
+    module's variants (``ToolFacts.variants``: the demo's QK-norm at the same LR, from
+    scratch) as rows of the report: True for all, or the rows by name (``do_nothing``
+    alone: no variant, each of which costs a whole run more)."""
     devices: int = 1
     """Processes per machine. More than one trains every branch with Lightning's DDP
     across them (gloo on CPU), each taking its shard of the step's global batch."""
@@ -216,25 +213,31 @@ class RecoverConfig:
         if isinstance(self.compare, bool):
             return
         rows = _names(self.compare)
-        known = get_args(CompareRow)
+        known = self._known_rows(any(row != DO_NOTHING for row in rows))
         if any(row not in known for row in rows) or len(set(rows)) != len(rows):
+            offered = "its ToolFacts.variants" if FACTORY not in self.model else "none given so"
             raise ValueError(
                 f"RecoverConfig.compare={list(rows)!r}: give true, false or some of "
-                f"{list(known)}, each once"
-            )
-        if "qk_norm" in rows and not self.builtin_model:
-            raise ValueError(
-                f"RecoverConfig.compare: the qk_norm row needs the built-in model, not "
-                f"{self.model_name} (a QK-norm switch is the built-in GPT's); drop it"
+                f"{list(known)}, each once (the rows {self.model_name} offers: "
+                f"{DO_NOTHING!r} and {offered})"
             )
         object.__setattr__(self, "compare", rows)
 
+    def _known_rows(self, variants: bool = True) -> tuple[str, ...]:
+        """``do_nothing`` and (``variants``: read from a module built for it) the names of
+        the module's variants; a factory's module states none here."""
+        if not variants or FACTORY in self.model:
+            return (DO_NOTHING,)
+        return (DO_NOTHING, *(v.name for v in self.facts.variants))
+
     @property
-    def compare_rows(self) -> tuple[CompareRow, ...]:
-        """The comparison rows this config runs, in the report's order."""
-        if self.compare is True:
-            return ("do_nothing", "qk_norm") if self.builtin_model else ("do_nothing",)
-        return tuple(row for row in get_args(CompareRow) if row in (self.compare or ()))
+    def compare_rows(self) -> tuple[str, ...]:
+        """The comparison rows this config runs, in the report's order (doing nothing,
+        then the module's variants in its order)."""
+        if self.compare is False:
+            return ()
+        known = self._known_rows(self.compare is True or self.compare != (DO_NOTHING,))
+        return known if self.compare is True else tuple(r for r in known if r in self.compare)
 
     def _check_counts(self) -> None:
         steps = self.steps
@@ -301,11 +304,6 @@ class RecoverConfig:
         """The ladder's rungs, each ``{"class_path", "init_args"}`` (``__post_init__``
         turned a class path alone into one)."""
         return tuple(r if isinstance(r, dict) else check_rung(r) for r in self.ladder)
-
-    @property
-    def builtin_model(self) -> bool:
-        """Whether the model is the built-in ``TinyGPTModule``."""
-        return self.model.get("class_path") == DEFAULT_MODEL
 
     @property
     def model_name(self) -> str:

@@ -15,14 +15,16 @@ from lit_spikes.checkpoints import atomic_write
 from lit_spikes.shared.plain import plain_config
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 3
+LEDGER_VERSION = 4
 """The ledger format this code writes. Version 2: the config names the model and data by
 class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
 callbacks as ``{"class_path", "init_args"}``, comparison rows hold one ``measure`` of
 every row, named in ``measured_by`` (before: ``final_loss``, of other batches per row).
 Version 3: no field of the demo's: the totals' validation is the module's (``val``), the
-rows' columns its ``cells``; no ``val_bpc``, ``max_logit`` or ``max_logit_after``."""
-LEDGER_VERSIONS = (2, 3)
+rows' columns its ``cells``; no ``val_bpc``, ``max_logit`` or ``max_logit_after``.
+Version 4: a comparison variant's branch holds ``model_changes`` (the module's
+``init_args`` it changes) for version 3's ``gpt_changes`` (the demo's ``gpt`` alone)."""
+LEDGER_VERSIONS = (2, 3, 4)
 """The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 
 
@@ -78,8 +80,9 @@ class BranchRecord:
     """``stop``: a new spike stops it; ``log``: spikes are recorded, training goes on."""
     accept_after: int | None = None
     """A remedy branch is accepted once it has trained this step without a spike."""
-    gpt_changes: dict[str, Any] = field(default_factory=dict)
-    """Model changes against the config (the QK-norm row)."""
+    model_changes: dict[str, Any] = field(default_factory=dict)
+    """What a comparison variant changes of the config's model ``init_args``
+    (``ToolFacts.variants``: the demo's QK-norm, ``{"gpt": {"qk_norm": true}}``)."""
     status: BranchStatus = "pending"
     accepted_at: int | None = None
     spike: Spike | None = None
@@ -262,8 +265,12 @@ def _totals(data: dict[str, Any]) -> dict[str, Any]:
 
 def _branch(data: dict[str, Any]) -> BranchRecord:
     """A branch record, its spikes read as ``Spike`` (from any version's plain records);
-    version 2's ``val_bpc`` and ``max_logit`` (the demo's, never shown) left out."""
+    version 2's ``val_bpc`` and ``max_logit`` (the demo's, never shown) left out, and
+    versions 2 and 3's ``gpt_changes`` (the demo's QK-norm) read as ``model_changes``."""
     data = {k: v for k, v in data.items() if k not in ("val_bpc", "max_logit")}
+    gpt = data.pop("gpt_changes", None)
+    if gpt:
+        data["model_changes"] = {"gpt": gpt}
     spikes = {key: _spikes(data.get(key, [])) for key in ("absorbed", "unrecovered")}
     stop = data.get("spike")
     return BranchRecord(**(data | spikes | {"spike": None if stop is None else Spike.of(stop)}))

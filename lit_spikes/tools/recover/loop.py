@@ -523,16 +523,18 @@ class RecoveryLoop:
                 )
             )
             return True
-        if "qk_norm" in rows and "compare/qk_norm" not in names:
-            self.add_branch(
+        for name in (row for row in rows if row != "do_nothing"):
+            if f"compare/{name}" in names:
+                continue
+            self.add_branch(  # the module's variant, from scratch
                 BranchRecord(
-                    name="compare/qk_norm",
+                    name=f"compare/{name}",
                     kind="compare",
                     start_step=0,
                     ckpt_path=None,
                     parent=None,
                     gate="log",
-                    gpt_changes={"qk_norm": True},
+                    model_changes=dict(self.facts.variant(name).init_args),
                 )
             )
             return True

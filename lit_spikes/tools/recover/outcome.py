@@ -1,6 +1,6 @@
 """What a finished loop adds up to: the totals of its accepted lineage, the rows that
-compare it with doing nothing and with QK-norm, and the lineage stitched into one
-TensorBoard run."""
+compare it with doing nothing and with the module's variants (the demo's QK-norm), and
+the lineage stitched into one TensorBoard run."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ from lit_spikes.tools.recover.measure import Measure, common_measure, validation
 
 ACCEPTED_RUN = "accepted"
 """TensorBoard run of the stitched accepted lineage, ``<log_root>/accepted``."""
-COMPARISON_ROWS = (
-    ("compare/do_nothing", "do nothing (continue through the spike)"),
-    ("compare/qk_norm", "QK-norm at the same LR (from scratch)"),
-)
+DO_NOTHING_ROW = ("compare/do_nothing", "do nothing (continue through the spike)")
+"""The do-nothing row's branch and label; a variant's are ``compare/<name>`` and its own."""
+
+
+def comparison_branches(facts: ToolFacts) -> list[tuple[str, str]]:
+    """``(branch, label)`` of each comparison row the module may have, in the report's
+    order: doing nothing, then its variants (``ToolFacts.variants``)."""
+    return [DO_NOTHING_ROW, *((f"compare/{v.name}", v.label) for v in facts.variants)]
 
 
 def last_validation(records: Sequence[dict[str, Any]], facts: ToolFacts) -> float | None:
@@ -86,10 +90,11 @@ def comparison_rows(
     ledger: Ledger, root: Path, records: Sequence[dict[str, Any]], facts: ToolFacts
 ) -> list[dict[str, Any]]:
     """Rows of the report: the recovered run (``records``: its lineage's), and with
-    ``compare`` doing nothing and QK-norm. ``spikes`` counts flagged steps (the recovered
-    run: those on its lineage that no remedy removed; a rejected branch's spike is not on
-    it). ``measure`` is one measure of every row, named in ``measured_by`` (``measure``);
-    ``cells``, the table's columns that the module provides (``ToolFacts``)."""
+    ``compare`` doing nothing and the module's variants. ``spikes`` counts flagged steps
+    (the recovered run: those on its lineage that no remedy removed; a rejected branch's
+    spike is not on it). ``measure`` is one measure of every row, named in
+    ``measured_by`` (``measure``); ``cells``, the table's columns that the module provides
+    (``ToolFacts``)."""
     assert ledger.totals is not None
     first = ledger.interventions[0].spike.step if ledger.interventions else 0
     recovered = "recovered (accepted lineage)"
@@ -102,7 +107,7 @@ def comparison_rows(
     ]
     measured: dict[str, Sequence[dict[str, Any]]] = {recovered: records}
     names = {b.name for b in ledger.branches}
-    for name, label in COMPARISON_ROWS:
+    for name, label in comparison_branches(facts):
         if name not in names:
             continue
         row_records = lineage_records(ledger, root, name)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from lit_spikes.callbacks import Spike
-from lit_spikes.tools.recover.ledger import Ledger, read_ledger, write_ledger
+from lit_spikes.tools.recover.ledger import LEDGER_VERSION, Ledger, read_ledger, write_ledger
 
 STOP = {"step": 31, "metric": "loss", "value": 9.5, "reference": 1.5, "position": 31}
 LOGGED = {"step": 40, "metric": "grad_norm", "value": 7.0, "reference": 2.0, "position": None}
@@ -58,7 +58,19 @@ def test_a_version_2_ledgers_demo_fields_read_as_the_modules() -> None:
     ledger = Ledger.from_dict(old)
     assert ledger.totals is not None and ledger.totals.val == ["val bits/char", 1.25]
     written = ledger.to_dict()
-    assert written["version"] == 3 and "val_bpc" not in written["totals"]
+    assert written["version"] == LEDGER_VERSION and "val_bpc" not in written["totals"]
     assert not {"val_bpc", "max_logit"} & set(written["branches"][0])
     newer = Ledger.from_dict(old | {"totals": totals | {"val_bpc": 1.25, "val": ["acc", 0.9]}})
     assert newer.totals is not None and newer.totals.val == ["acc", 0.9]
+
+
+def test_a_version_3_ledgers_qk_norm_branch_reads_as_the_modules_variant() -> None:
+    """Versions 2 and 3 held the demo's QK-norm row as ``gpt_changes``; version 4 holds
+    any variant's ``model_changes`` (``ToolFacts.variants``), over the model's init_args."""
+    data = ledger_data()
+    qk = data["branches"][0] | {"name": "compare/qk_norm", "gpt_changes": {"qk_norm": True}}  # type: ignore[index]
+    ledger = Ledger.from_dict(data | {"version": 3, "branches": [qk]})
+    assert ledger.branches[0].model_changes == {"gpt": {"qk_norm": True}}
+    written = ledger.to_dict()
+    assert written["version"] == 4 and "gpt_changes" not in written["branches"][0]
+    assert Ledger.from_dict(written).branches[0].model_changes == {"gpt": {"qk_norm": True}}

@@ -266,7 +266,12 @@ def test_factories_train_as_their_class_paths_and_a_restart_needs_them(tmp_path:
         ),
         ({"ladder": [scale_lr(0.5), scale_lr(0.1)]}, r"each class once"),
         ({"ladder": ["torch.nn.Linear"]}, r"ladder='torch.nn.Linear' is not a Callback"),
-        ({"compare": "qk_norm"}, r"the qk_norm row needs the built-in model, not tests\."),
+        (
+            {"compare": "qk_norm"},
+            r"compare=\['qk_norm'\]: give true, false or some of \['do_nothing'\], each once "
+            r"\(the rows tests\.modules\.spiky_modules\.\w+ offers: 'do_nothing' and its "
+            r"ToolFacts\.variants\)",
+        ),
     ],
 )
 def test_bad_settings_are_refused_by_name(

@@ -164,7 +164,7 @@ def test_comparison_rows_do_nothing_and_qk_norm(tmp_path: Path) -> None:
     do_nothing = result.ledger.branch("compare/do_nothing")
     assert (do_nothing.parent, do_nothing.start_step, do_nothing.gate) == ("base", 20, "log")
     qk_branch = result.ledger.branch("compare/qk_norm")
-    assert (qk_branch.parent, qk_branch.gpt_changes) == (None, {"qk_norm": True})
+    assert (qk_branch.parent, qk_branch.model_changes) == (None, {"gpt": {"qk_norm": True}})
     final = load_checkpoint(config.log_root / "compare/qk_norm/checkpoints/step=40.ckpt")
     assert final["hyper_parameters"]["gpt"]["qk_norm"] is True
     assert result.ledger.totals is not None
