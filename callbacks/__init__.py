@@ -12,7 +12,7 @@ from lit_spikes.callbacks.retention import CheckpointRetention
 from lit_spikes.callbacks.rollback import RollbackRestore
 from lit_spikes.callbacks.run_lock import AnotherHistory, RunDirectoryBusy, RunDirectoryLock
 from lit_spikes.callbacks.skip_step import SkipStep
-from lit_spikes.callbacks.spike import Spike
+from lit_spikes.callbacks.spike import Episode, Spike
 from lit_spikes.callbacks.spike_detector import SpikeDetector
 from lit_spikes.callbacks.watch import Watcher
 
@@ -21,6 +21,7 @@ __all__ = [
     "BatchSkipper",
     "CheckpointRetention",
     "ClipGradients",
+    "Episode",
     "ExactResume",
     "FinalCheckpoint",
     "LRScaler",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,3 +96,59 @@ class Spike(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A spike and its aftermath: the flags from its onset until the watched curve stayed
+    in its band (no flag) for ``settle`` steps (``SpikeDetector(settle=...)``). The ringing
+    after one bad batch is one episode, not several spikes.
+
+    Example:
+        >>> [(e.onset.step, e.peak.step, e.height) for e in detector.episodes]
+        [(160, 161, 1.2)]
+    """
+
+    onset: Spike
+    """Its first flag."""
+    peak: Spike
+    """The flag of its onset's metric that rose highest above its reference."""
+    end: int
+    """Its last flagged step."""
+    flags: int
+    """The flags in it (every metric's)."""
+
+    @property
+    def height(self) -> float:
+        """How far the peak rose above its reference (``Spike.rise``; inf: non-finite)."""
+        return self.peak.rise
+
+    def describe(self) -> str:
+        """``step 160 (loss 3.1 at step 161, +1.2 over 1.9; 3 flags to step 166)``."""
+        peak = self.peak
+        rise = "not finite" if math.isinf(self.height) else f"+{self.height:.4g}"
+        flags = f"; {self.flags} flags to step {self.end}" if self.flags > 1 else ""
+        return (
+            f"step {self.onset.step} ({peak.metric} {peak.value:.4g} at step {peak.step}, "
+            f"{rise} over {peak.reference:.4g}{flags})"
+        )
+
+
+def group_episodes(spikes: Iterable[Spike], settle: int) -> list[Episode]:
+    """``spikes`` grouped into episodes, in step order: a flag within ``settle`` steps of
+    the episode's last one belongs to it; a later one starts the next."""
+    found: list[Episode] = []
+    group: list[Spike] = []
+    for spike in sorted(spikes, key=lambda s: s.step):
+        if group and spike.step > group[-1].step + settle:
+            found.append(_episode(group))
+            group = []
+        group.append(spike)
+    return [*found, _episode(group)] if group else found
+
+
+def _episode(group: list[Spike]) -> Episode:
+    onset = group[0]
+    same = [s for s in group if s.metric == onset.metric]
+    peak = max(same, key=lambda s: s.rise)  # the first of equal rises (max keeps it)
+    return Episode(onset, peak, max(s.step for s in group), len(group))

@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
 from lit_spikes.callbacks.curves import SpikeMarks
-from lit_spikes.callbacks.spike import Spike
+from lit_spikes.callbacks.spike import Episode, Spike, group_episodes
 from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
@@ -32,6 +32,9 @@ DEFAULT_ROBUST_Z, DEFAULT_ROBUST_WINDOW, OTHER_WINDOW = 8.0, 100, 20
 """The rule of a detector given no threshold (``robust_z=8`` over 100 steps), and the
 window of one given ``ratio`` or ``z_score`` alone (the demo's 20). Measured on three
 kinds of modules by scripts/detector_defaults.py (docs/detector.md)."""
+DEFAULT_SETTLE = 10
+"""Steps without a flag that end a spike's episode: the ringing after one bad batch (its
+flags a few steps apart) is one episode (docs/detector.md)."""
 
 
 def robust_limit(recent: Sequence[float], k: float) -> float:
@@ -99,6 +102,9 @@ class SpikeDetector(Watcher):
             never judged): each training step is judged by its own values.
         reduce: ``"mean"`` or ``"max"`` of the ranks' values under several processes.
         max_records: spikes kept in the state (the latest).
+        settle: steps without a flag that end a spike's episode (``episodes``): the flags
+            within ``settle`` steps of an episode's last one are its aftermath, not new
+            spikes; ``onsets`` and the summary at the end of a fit count episodes.
         read_every: steps between the reads that bring the values back to judge them
             (None: 1 for ``action="stop"``, 50 for ``action="log"``).
         curves: the TensorBoard tag of each monitored name's curve, whose chart shows its
@@ -113,7 +119,11 @@ class SpikeDetector(Watcher):
     Example:
         >>> detector = SpikeDetector(monitor="loss", action="stop")  # robust_z=8 over 100
         >>> trainer = pl.Trainer(callbacks=[detector])
-        >>> detector.spikes  # [Spike(step=122, metric="loss", value=3.1, reference=2.1)]
+        >>> detector.spikes[:20]  # [Spike(step=122, metric="loss", value=3.1, reference=2.1)]
+        >>> detector.episodes  # [Episode(onset=Spike(step=122, ...), peak=..., end=124, flags=2)]
+
+    At the end of a fit it says the run's spike episodes, or that there were none, in one
+    line (Lightning's info log, rank 0).
     """
 
     def __init__(
@@ -133,6 +143,7 @@ class SpikeDetector(Watcher):
         max_records: int = 1000,
         read_every: int | None = None,
         curves: Mapping[str, str] | None = None,
+        settle: int = DEFAULT_SETTLE,
     ) -> None:
         super().__init__()
         self.monitor = monitor
@@ -163,12 +174,14 @@ class SpikeDetector(Watcher):
         self.mode, self.action, self.reduce = mode, action, reduce
         self.min_step = check_integer("min_step", min_step, 0)
         self.max_records = check_integer("max_records", max_records, 1)
+        self.settle = check_integer("settle", settle, 1)
         self.verbose, self.strict = verbose, strict
         default_every = 1 if action == "stop" else 50
         self.read_every = check_integer("read_every", read_every or default_every, 1)
         self.curves = {m: (curves or {}).get(m, m) for m in self.monitors}
         self._marks = SpikeMarks()
-        self.spikes: deque[Spike] = deque(maxlen=self.max_records)
+        self.spikes: list[Spike] = []
+        """The flagged steps, oldest first (the latest ``max_records``)."""
         self.num_spikes = 0
         self._recent: dict[str, deque[float]] = {m: deque(maxlen=window) for m in self.monitors}
         self._seen = 0
@@ -286,6 +299,7 @@ class SpikeDetector(Watcher):
                 self._recent[metric].append(value)
         self._seen += 1
         self.spikes.extend(found)
+        del self.spikes[: -self.max_records]  # the latest kept
         self.num_spikes += len(found)
         return found
 
@@ -364,10 +378,30 @@ class SpikeDetector(Watcher):
         self._marks.close()
 
     @property
+    def episodes(self) -> list[Episode]:
+        """The spikes kept, grouped into episodes (``settle``): each one spike and its
+        aftermath."""
+        return group_episodes(self.spikes, self.settle)
+
+    @property
     def onsets(self) -> list[int]:
-        """First step of each run of consecutive spike steps (of the records kept)."""
-        steps = sorted({s.step for s in self.spikes})
-        return [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s - 1]
+        """The first step of each episode (of the spikes kept)."""
+        return [episode.onset.step for episode in self.episodes]
+
+    def summary(self, steps: int) -> str:
+        """One line on the run's spikes after ``steps`` steps: its episodes, or none."""
+        found = self.episodes
+        watched = ", ".join(self.monitors)
+        if not found:
+            return f"SpikeDetector({watched}): no spike in {steps} steps"
+        listed = "; ".join(e.describe() for e in found)
+        count = f"{len(found)} spike episode{'s' if len(found) > 1 else ''}"
+        return f"SpikeDetector({watched}): {count} in {steps} steps: {listed}"
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)  # the last steps judged first
+        rank_zero_info(self.summary(trainer.global_step))
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -382,7 +416,7 @@ class SpikeDetector(Watcher):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.spikes = deque((Spike.of(s) for s in state_dict["spikes"]), maxlen=self.max_records)
+        self.spikes = [Spike.of(s) for s in state_dict["spikes"]][-self.max_records :]
         self.num_spikes = int(state_dict.get("num_spikes", len(self.spikes)))
         for metric, values in state_dict["recent"].items():
             if metric in self._recent:

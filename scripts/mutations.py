@@ -45,6 +45,7 @@ BETWEEN_STEPS = "tests/library/test_between_steps.py::"
 BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
+EPISODES = "tests/library/callbacks/test_spike_episodes.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
 RESUMED_EPOCH = "tests/library/test_resumed_epoch.py::"
 GENERATORS = "tests/library/test_module_generators.py::"
@@ -640,10 +641,8 @@ MUTATIONS = [
     Mutation(
         "restored_spikes_stay_dicts",  # a checkpoint's spike records not read as Spike
         "lit_spikes/callbacks/spike_detector.py",
-        '        self.spikes = deque((Spike.of(s) for s in state_dict["spikes"]), '
-        "maxlen=self.max_records)\n",
-        '        self.spikes = deque((dict(s) for s in state_dict["spikes"]), '
-        "maxlen=self.max_records)\n",
+        '        self.spikes = [Spike.of(s) for s in state_dict["spikes"]][-self.max_records :]\n',
+        '        self.spikes = [dict(s) for s in state_dict["spikes"]][-self.max_records :]\n',
         (
             "tests/library/callbacks/test_spike.py::"
             "test_a_flagged_step_is_a_frozen_spike_and_a_plain_record_in_the_file",
@@ -706,6 +705,36 @@ MUTATIONS = [
         (
             FACTS + "test_the_modules_variant_is_a_comparison_row_from_scratch",
             FACTS + "test_compare_names_the_modules_variants_and_refuses_others",
+        ),
+    ),
+    Mutation(
+        "aftermath_counts_as_spikes",  # episodes: consecutive flags alone, settle ignored
+        "lit_spikes/callbacks/spike.py",
+        "        if group and spike.step > group[-1].step + settle:\n",
+        "        if group and spike.step > group[-1].step + 1:\n",
+        (
+            EPISODES + "test_the_aftermath_of_a_spike_is_its_episode_not_more_spikes",
+            EPISODES + "test_settle_sets_how_long_the_curve_must_stay_in_band",
+        ),
+    ),
+    Mutation(
+        "fit_ends_silent_on_spikes",  # no summary line at the end of a fit
+        "lit_spikes/callbacks/spike_detector.py",
+        "        rank_zero_info(self.summary(trainer.global_step))\n",
+        "        pass\n",
+        (
+            EPISODES + "test_a_fit_ends_with_one_line_on_its_spikes",
+            DETECTOR + "test_spike_detector_flags_a_poisoned_batch_and_stops",
+        ),
+    ),
+    Mutation(
+        "spikes_kept_unbounded",  # every flag kept: max_records ignored
+        "lit_spikes/callbacks/spike_detector.py",
+        "        del self.spikes[: -self.max_records]  # the latest kept\n",
+        "        pass\n",
+        (
+            EPISODES + "test_the_spikes_slice_as_the_docstring_shows_and_keep_the_latest",
+            DETECTOR + "test_the_detector_state_is_bounded_however_long_the_run",
         ),
     ),
     Mutation(

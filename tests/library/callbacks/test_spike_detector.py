@@ -245,7 +245,7 @@ def test_spike_detector_flags_a_jump_and_a_nan_and_not_noise() -> None:
     for step, value in enumerate(values):
         detector.check(step, {"loss": value})
     assert [s["step"] for s in detector.spikes] == [7, 10]  # 2.9 after 3.1 is no longer new
-    assert detector.onsets == [7, 10]
+    assert detector.onsets == [7]  # the NaN three steps on: the same episode (settle 10)
     first = detector.spikes[0]
     assert first["metric"] == "loss" and first["value"] == 3.1
     assert first["reference"] == pytest.approx(
@@ -301,8 +301,9 @@ def test_spike_detector_flags_a_poisoned_batch_and_stops(
     assert max(run.losses) == 25
     # verbose: said on the console too (a log-only detector said nothing but TensorBoard)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SpikeDetector")]
-    assert len(said) == 1 and said[0].startswith("SpikeDetector: loss spike at step 25: ")
+    assert len(said) == 2 and said[0].startswith("SpikeDetector: loss spike at step 25: ")
     assert said[0].endswith("x); stopping")
+    assert said[1].startswith("SpikeDetector(loss): 1 spike episode in 26 steps: step 25 (")
 
 
 def test_spike_detector_flags_nan_loss(tmp_path: Path) -> None:
