@@ -72,8 +72,9 @@ class SpikeDetector(Watcher):
     mean + ``z_score`` standard deviations: any of those given, or all (``mode``). Given
     none, the rule is ``robust_z=8`` over 100 steps. Every finite value enters the
     reference. Each spike (step, metric, value, reference) is kept in the callback's state,
-    which survives checkpoints, logged as ``spike/<metric>`` and drawn on the monitored
-    curve's chart (``SpikeMarks``). The values stay on the device and are read back every
+    which survives checkpoints, and logged as ``spike/<metric>``; the onset of each
+    episode (a spike and its aftermath, ``settle``) is drawn on the monitored curve's chart
+    (``SpikeMarks``). The values stay on the device and are read back every
     ``read_every`` steps; a step is an optimizer step (under accumulation, the mean of its
     micro-batches' losses); under DDP every rank judges the same gathered value. How each
     rule behaves, and why these defaults: docs/detector.md.
@@ -355,12 +356,17 @@ class SpikeDetector(Watcher):
         for spike in found:
             for logger in trainer.loggers if trainer is not None else []:
                 logger.log_metrics({f"spike/{spike.metric}": spike.value}, step=spike.step)
-            if trainer is not None and math.isfinite(spike.value):
+            if trainer is not None and math.isfinite(spike.value) and self._starts_episode(spike):
                 self._marks.write(trainer, self.curves[spike.metric], spike.step, spike.value)
             if self.verbose:
                 rank_zero_info(describe_spike(spike, self.action))
         if found and self.action == "stop" and trainer is not None:
             trainer.should_stop = True
+
+    def _starts_episode(self, spike: Spike) -> bool:
+        """Whether ``spike`` (recorded) is an episode's onset: no flag in the ``settle``
+        steps before it. TensorBoard marks onsets alone, as ``onsets`` counts them."""
+        return not any(0 < spike.step - s.step <= self.settle for s in reversed(self.spikes))
 
     def _check_present(self, trainer: pl.Trainer, here: list[bool]) -> None:
         missing = [

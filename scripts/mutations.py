@@ -728,6 +728,17 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "aftermath_marked",  # TensorBoard marks every flag, an episode's aftermath too
+        "lit_spikes/callbacks/spike_detector.py",
+        "        return not any(0 < spike.step - s.step <= self.settle "
+        "for s in reversed(self.spikes))\n",
+        "        return True\n",
+        (
+            EPISODES + "test_tensorboard_marks_each_episode_once_at_its_onset",
+            EPISODES + "test_a_run_resumed_mid_episode_marks_no_new_onset",
+        ),
+    ),
+    Mutation(
         "spikes_kept_unbounded",  # every flag kept: max_records ignored
         "lit_spikes/callbacks/spike_detector.py",
         "        del self.spikes[: -self.max_records]  # the latest kept\n",

@@ -166,8 +166,9 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
 
 def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: Path) -> None:
     """A user's regression with an 8x LR for 2 steps at step 112: the default rule flags
-    the jump and no healthy step; each spike is a point of the sibling run ``spikes`` under
-    the curve's own tag (one chart in TensorBoard's Scalars view); ``TrainingCurves`` logs
+    the jump and no healthy step; each episode's onset is a point of the sibling run
+    ``spikes`` under the curve's own tag (one chart in TensorBoard's Scalars view), its
+    aftermath no more marks; ``TrainingCurves`` logs
     ``lr`` and ``grad_norm`` at Lightning's logging steps only."""
     from lit_spikes.callbacks import SpikeDetector
     from lit_spikes.callbacks.curves import TrainingCurves
@@ -190,7 +191,9 @@ def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: 
     assert spikes and all(112 <= step < 125 for step, _ in spikes), spikes
     marks = tb_scalars(tmp_path / "run" / "spikes")
     assert list(marks) == ["loss"]
-    assert marks["loss"] == [(step, float(np.float32(value))) for step, value in spikes]
+    onsets = [(s.step, s.value) for e in detector.episodes for s in [e.onset]]
+    assert marks["loss"] == [(step, float(np.float32(value))) for step, value in onsets]
+    assert len(onsets) == 1
     scalars = tb_scalars(tmp_path / "run")
     logging_steps = list(range(9, 130, 10))
     assert [step for step, _ in scalars["lr"]] == logging_steps

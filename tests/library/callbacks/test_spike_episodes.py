@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import Episode, ExactResume, SpikeDetector
+from tests.conftest import tb_scalars
 from tests.modules.plain_runs import BATCH, loader, train
 from tests.modules.user_modules import DropoutRegressor, PoisonedRows
 
@@ -85,3 +87,62 @@ def test_a_fit_ends_with_one_line_on_its_spikes(
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SpikeDetector(")]
     assert len(said) == 1 and said[0].startswith(f"SpikeDetector(loss): {says}")
     assert detector.onsets == ([9] if poisoned else [])
+
+
+def jump_trainer(root: Path, name: str, detector: SpikeDetector, steps: int = 80) -> Any:
+    """A plain Trainer with a TensorBoard logger at ``root/name`` and a checkpoint every
+    step (``root/ckpt``)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    saver = ModelCheckpoint(root / "ckpt", filename="{step}", every_n_train_steps=1, save_top_k=-1)
+    return pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=TensorBoardLogger(str(root), name=name, version=""),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[detector, saver],
+        log_every_n_steps=1,
+    )
+
+
+def jump_module() -> Any:
+    from tests.modules.spiky_modules import JumpRegressor
+
+    return JumpRegressor(jump_step=40, jump=20.0, jump_length=3)
+
+
+def test_tensorboard_marks_each_episode_once_at_its_onset(tmp_path: Path) -> None:
+    """A user's regression with a 20x LR for 3 steps at step 40: the loss stays high for
+    six steps, all flagged and logged as ``spike/loss``; the chart of the curve marks the
+    episode once, at its onset (it drew a line of six marks)."""
+    from tests.modules.spiky_modules import StepRegressionData
+
+    detector = SpikeDetector(window=20, ratio=3.0)
+    jump_trainer(tmp_path, "run", detector).fit(jump_module(), StepRegressionData())
+    flagged = [41, 42, 43, 44, 45, 46]
+    assert [s.step for s in detector.spikes] == flagged
+    assert [step for step, _ in tb_scalars(tmp_path / "run")["spike/loss"]] == flagged
+    marks = tb_scalars(tmp_path / "run" / "spikes")
+    assert [step for step, _ in marks["loss"]] == detector.onsets == [41]
+
+
+def test_a_run_resumed_mid_episode_marks_no_new_onset(tmp_path: Path) -> None:
+    """Resumed from ``step=44.ckpt`` (steps 0-43 trained), in the episode begun at 41: the flags after it are
+    its aftermath (the detector's state holds the episode), so no mark, and one episode."""
+    from tests.modules.spiky_modules import StepRegressionData
+
+    jump_trainer(tmp_path, "first", SpikeDetector(window=20, ratio=3.0), 44).fit(
+        jump_module(), StepRegressionData()
+    )
+    detector = SpikeDetector(window=20, ratio=3.0)
+    jump_trainer(tmp_path, "resumed", detector).fit(
+        jump_module(), StepRegressionData(), ckpt_path=tmp_path / "ckpt" / "step=44.ckpt"
+    )
+    assert [s.step for s in detector.spikes] == [41, 42, 43, 44, 45, 46]
+    assert [e.onset.step for e in detector.episodes] == [41]
+    resumed = [step for step, _ in tb_scalars(tmp_path / "resumed")["spike/loss"]]
+    assert resumed == [44, 45, 46]  # judged after the resume
+    assert not (tmp_path / "resumed" / "spikes").exists()  # no mark written
