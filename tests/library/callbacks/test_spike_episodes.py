@@ -14,6 +14,7 @@ from lit_spikes import StepLoader
 from lit_spikes.callbacks import Episode, ExactResume, SpikeDetector
 from tests.conftest import tb_scalars
 from tests.modules.plain_runs import BATCH, loader, train
+from tests.modules.spiky_modules import JumpRegressor, StepRegressionData
 from tests.modules.user_modules import DropoutRegressor, PoisonedRows
 
 RINGING = {160: 9.0, 161: 12.0, 163: 6.0, 166: 5.0, 209: 7.0}
@@ -108,9 +109,7 @@ def jump_trainer(root: Path, name: str, detector: SpikeDetector, steps: int = 80
     )
 
 
-def jump_module() -> Any:
-    from tests.modules.spiky_modules import JumpRegressor
-
+def jump_module() -> JumpRegressor:
     return JumpRegressor(jump_step=40, jump=20.0, jump_length=3)
 
 
@@ -118,8 +117,6 @@ def test_tensorboard_marks_each_episode_once_at_its_onset(tmp_path: Path) -> Non
     """A user's regression with a 20x LR for 3 steps at step 40: the loss stays high for
     six steps, all flagged and logged as ``spike/loss``; the chart of the curve marks the
     episode once, at its onset (it drew a line of six marks)."""
-    from tests.modules.spiky_modules import StepRegressionData
-
     detector = SpikeDetector(window=20, ratio=3.0)
     jump_trainer(tmp_path, "run", detector).fit(jump_module(), StepRegressionData())
     flagged = [41, 42, 43, 44, 45, 46]
@@ -130,10 +127,9 @@ def test_tensorboard_marks_each_episode_once_at_its_onset(tmp_path: Path) -> Non
 
 
 def test_a_run_resumed_mid_episode_marks_no_new_onset(tmp_path: Path) -> None:
-    """Resumed from ``step=44.ckpt`` (steps 0-43 trained), in the episode begun at 41: the flags after it are
-    its aftermath (the detector's state holds the episode), so no mark, and one episode."""
-    from tests.modules.spiky_modules import StepRegressionData
-
+    """Resumed from ``step=44.ckpt`` (steps 0-43 trained), in the episode begun at 41: the
+    flags after it are its aftermath (the detector's state holds the episode), so no mark,
+    and one episode."""
     jump_trainer(tmp_path, "first", SpikeDetector(window=20, ratio=3.0), 44).fit(
         jump_module(), StepRegressionData()
     )
