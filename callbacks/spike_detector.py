@@ -364,9 +364,9 @@ class SpikeDetector(Watcher):
             trainer.should_stop = True
 
     def _starts_episode(self, spike: Spike) -> bool:
-        """Whether ``spike`` (recorded) is an episode's onset: no flag in the ``settle``
-        steps before it. TensorBoard marks onsets alone, as ``onsets`` counts them."""
-        return not any(0 < spike.step - s.step <= self.settle for s in reversed(self.spikes))
+        """Whether ``spike`` (recorded) is an episode's onset (``onsets``): TensorBoard
+        marks onsets alone."""
+        return spike.step in self.onsets
 
     def _check_present(self, trainer: pl.Trainer, here: list[bool]) -> None:
         missing = [

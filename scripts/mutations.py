@@ -730,8 +730,7 @@ MUTATIONS = [
     Mutation(
         "aftermath_marked",  # TensorBoard marks every flag, an episode's aftermath too
         "lit_spikes/callbacks/spike_detector.py",
-        "        return not any(0 < spike.step - s.step <= self.settle "
-        "for s in reversed(self.spikes))\n",
+        "        return spike.step in self.onsets\n",
         "        return True\n",
         (
             EPISODES + "test_tensorboard_marks_each_episode_once_at_its_onset",

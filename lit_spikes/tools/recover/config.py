@@ -213,21 +213,17 @@ class RecoverConfig:
         if isinstance(self.compare, bool):
             return
         rows = _names(self.compare)
-        known = self._known_rows(any(row != DO_NOTHING for row in rows))
+        known = self._known_rows()
         if any(row not in known for row in rows) or len(set(rows)) != len(rows):
-            offered = "its ToolFacts.variants" if FACTORY not in self.model else "none given so"
             raise ValueError(
                 f"RecoverConfig.compare={list(rows)!r}: give true, false or some of "
                 f"{list(known)}, each once (the rows {self.model_name} offers: "
-                f"{DO_NOTHING!r} and {offered})"
+                f"{DO_NOTHING!r} and its ToolFacts.variants)"
             )
         object.__setattr__(self, "compare", rows)
 
-    def _known_rows(self, variants: bool = True) -> tuple[str, ...]:
-        """``do_nothing`` and (``variants``: read from a module built for it) the names of
-        the module's variants; a factory's module states none here."""
-        if not variants or FACTORY in self.model:
-            return (DO_NOTHING,)
+    def _known_rows(self) -> tuple[str, ...]:
+        """``do_nothing`` and the names of the module's variants (``facts``)."""
         return (DO_NOTHING, *(v.name for v in self.facts.variants))
 
     @property
@@ -236,7 +232,7 @@ class RecoverConfig:
         then the module's variants in its order)."""
         if self.compare is False:
             return ()
-        known = self._known_rows(self.compare is True or self.compare != (DO_NOTHING,))
+        known = self._known_rows()
         return known if self.compare is True else tuple(r for r in known if r in self.compare)
 
     def _check_counts(self) -> None:
