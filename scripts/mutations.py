@@ -320,11 +320,20 @@ MUTATIONS = [
         (),
     ),
     Mutation(
-        "diagnose_any_recurrence_is_state",
+        "diagnose_decides_by_flags",
         "lit_spikes/tools/diagnose/verdict.py",
-        "    if not other.spiked:\n        return False\n",
-        "",
-        (),
+        "    return statistics.median(o.ratio for o in others)\n",
+        "    return statistics.median(float(o.spiked) for o in others)\n",
+        (
+            "tests/tools/test_tools_exact.py::test_recurrence_needs_half_the_spikes_rise_flagged_or_not",
+        ),
+    ),
+    Mutation(
+        "diagnose_one_other_window",
+        "lit_spikes/tools/diagnose/run.py",
+        "    return [(start, end + index * length) for index in range(config.windows)]\n",
+        "    return [(start, end)]\n",
+        ("tests/tools/diagnose/test_diagnose.py::test_a_poisoned_batch_is_data_caused",),
     ),
     Mutation(
         "recover_rolls_back_past_the_distance_bound",

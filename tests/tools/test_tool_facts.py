@@ -291,7 +291,7 @@ def test_diagnose_shows_the_modules_columns_and_no_other(facts_run: Path) -> Non
     def table(columns: tuple[Column, ...]) -> str:
         console = Console(width=200, record=True)
         same = Replay("same", 20, None, 3.0, 3.5, {"lr": 2.0}, [31], True, 40)
-        print_verdict(Verdict("no-spike", 31, 20, "x", 3.0, same, None, None, [], columns), console)
+        print_verdict(Verdict("no-spike", 31, 20, "x", 3.0, same, [], None, [], columns), console)
         return console.export_text()
 
     assert "largest LR" in table(verdict.columns) and " 2.00 " in table(verdict.columns)

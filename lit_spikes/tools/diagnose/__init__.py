@@ -9,10 +9,11 @@ checkpoint):
     the run's state and data made it (a hardware fault, a bit flip, a stray process).
     If the same loss comes back but the detector does not flag that step, it is **no
     spike**, and there is nothing to diagnose there.
-(b) the same state with other data: the data positions around the spike's are skipped,
-    so from the window on every step sees batches it never saw. Does it still spike?
-    Then the spike is **state-caused** (the weights, the optimizer's moments and the LR
-    were going to blow up whatever came next); otherwise **data-caused** (those batches).
+(b) the same state with other data, three times (``windows``): the data positions around
+    the spike's are skipped, each time to another stretch of data, so from the window on
+    every step sees batches it never saw. Does the loss still rise as high? Then the
+    spike is **state-caused** (the weights, the optimizer's moments and the LR were going
+    to blow up whatever came next); otherwise **data-caused** (those batches).
 (c) optionally, an earlier checkpoint with the same data: the spike must come back from
     there too, to the same bits. If it does not, the later checkpoint's state is not the
     product of the run's own history: the spike is **not reproducible** from clean state.
@@ -20,9 +21,11 @@ checkpoint):
 A spike is judged by a ``SpikeDetector`` run over each replay's losses: the run's own,
 rebuilt from the checkpoint's record of it (settings and state; ``DiagnoseConfig.detector``
 sets another), counting flags from ``window_before`` steps before the spike to the end of
-the replay; in (b), only a flag that rises at least ``recurrence`` of the spike's own
-rise is the spike recurring. Replays end at the run's end at the latest, train with
-``ExactResume`` and are seeded, so that each is the same every time.
+the replay. Whether (b) brings the spike back is not a flag but the one judgement recover
+shares (``lit_spikes.tools.judgement``): the loss's highest rise over its median, as a
+share of the spike's own (same data); at least ``recurrence`` (0.5) is the spike again,
+and the median of the windows' shares decides. Replays end at the run's end at the latest,
+train with ``ExactResume`` and are seeded, so that each is the same every time.
 
 Any LightningModule and data can be diagnosed (``model=``, ``data=``: factories or class
 paths, as ``lit-spikes fit`` takes them); by default the run's own record says what it
@@ -61,6 +64,7 @@ from lit_spikes.tools.diagnose.verdict import (
     bit_equal,
     cause_from_same_data,
     given_decimals,
+    judged,
     verdict_cause,
 )
 
@@ -81,6 +85,7 @@ __all__ = [
     "diagnose",
     "from_file",
     "given_decimals",
+    "judged",
     "logged_loss",
     "logged_losses",
     "main",

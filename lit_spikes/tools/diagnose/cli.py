@@ -90,8 +90,9 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     for header in ("loss @spike", "max loss", *(c.header for c in verdict.columns)):
         table.add_column(header, justify="right")
     table.add_column("bit-equal")
+    table.add_column("rise ratio", justify="right")
     table.add_column("flagged steps")
-    for replay in (verdict.same_data, verdict.other_data, verdict.earlier):
+    for replay in (verdict.same_data, *verdict.other_data, verdict.earlier):
         if replay is None:
             continue
         table.add_row(
@@ -104,6 +105,7 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
             f"{replay.max_loss:.4f}",
             *(_cell(replay.extra.get(c.key), c.digits) for c in verdict.columns),
             "n/a" if replay.bit_equal is None else str(replay.bit_equal),
+            "" if replay.judgement is None else f"{replay.judgement.ratio:.2f}",
             ", ".join(map(str, replay.flagged)) or "none",
         )
     console.print(table)

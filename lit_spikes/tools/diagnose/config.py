@@ -3,13 +3,12 @@ what judges them."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lit_spikes.tools.detector_config import DetectorConfig
-from lit_spikes.tools.diagnose.verdict import RECURRENCE
 from lit_spikes.tools.fit_defaults import check_num_threads
+from lit_spikes.tools.judgement import RECURRENCE, check_bar
 
 
 @dataclass(frozen=True)
@@ -17,9 +16,14 @@ class DiagnoseConfig:
     """How far the replays go and which data the other-data replay leaves out."""
 
     window_before: int = 5
-    """The other-data replay skips data positions from the spike's minus this ..."""
+    """The other-data replays skip data positions from the spike's minus this ..."""
     window_after: int = 25
-    """... to the spike's plus this (PaLM skipped a few hundred batches around a spike)."""
+    """... to the spike's plus this (PaLM skipped a few hundred batches around a spike),
+    and each further one a window's length more: another stretch of data trains the
+    spike's step in each."""
+    windows: int = 3
+    """Other-data replays: the verdict is the median of their rise ratios, so one replay
+    that happens upon another bad batch, or upon a quiet stretch, does not decide."""
     horizon: int = 20
     """Replays train this many steps past the spike (a state-caused spike may move), never
     past the run's end (its config.yaml's or ledger's max_steps, a OneCycleLR's steps)."""
@@ -34,9 +38,9 @@ class DiagnoseConfig:
     spike (None: the first the run's events hold of ``train/loss``, the judging
     detector's monitored names and ``loss``)."""
     recurrence: float = RECURRENCE
-    """A step the other-data replay flags is the spike recurring only where its rise over
-    the detector's mean is at least this fraction of the spike's own rise (same data);
-    a smaller bump is not."""
+    """The bar of the judgement (``lit_spikes.tools.judgement``): an other-data replay
+    brings the spike back where the loss (or the flagged name) rises over its median at
+    least this share of the spike's own rise (same data); a smaller bump does not."""
     exact_resume: bool = True
     """Replay with ``ExactResume`` (the RNG states the checkpoint holds, StepLoader
     seeking) where neither the module nor the run's callbacks bring one; False: as given."""
@@ -57,5 +61,6 @@ class DiagnoseConfig:
                 raise ValueError(f"DiagnoseConfig.{name}={getattr(self, name)} must be >= 0")
         if self.horizon < 1:
             raise ValueError(f"DiagnoseConfig.horizon={self.horizon} must be >= 1")
-        if not (math.isfinite(self.recurrence) and 0 < self.recurrence <= 1):
-            raise ValueError(f"DiagnoseConfig.recurrence={self.recurrence} must be in (0, 1]")
+        if self.windows < 1:
+            raise ValueError(f"DiagnoseConfig.windows={self.windows} must be >= 1")
+        check_bar(self.recurrence, "DiagnoseConfig.recurrence")

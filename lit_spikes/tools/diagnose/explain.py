@@ -3,8 +3,10 @@ written from the same numbers ``verdict_cause`` decides on."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lit_spikes.tools.diagnose.config import DiagnoseConfig
-from lit_spikes.tools.diagnose.verdict import Cause, Replay, recurred
+from lit_spikes.tools.diagnose.verdict import Cause, Replay, deciding_ratio
 
 NO_RNG = (
     "the checkpoint holds no RNG states (the run trained without ExactResume) and the "
@@ -87,25 +89,41 @@ NOT_REPRODUCED = (
 )
 
 
-def other_data_line(
-    spike_step: int, same: Replay, other: Replay, position: int, config: DiagnoseConfig
-) -> str:
-    assert other.skipped is not None
-    first, end = other.skipped
-    line = (
-        f"(b) same state, data positions {first}-{end - 1} skipped (the spike's "
-        f"position is {position}): max loss {other.max_loss:.4f} from step "
-        f"{spike_step - config.window_before} on (same data: {same.max_loss:.4f}); "
-        f"flagged steps {other.flagged or 'none'}."
-    )
-    if other.spiked and not recurred(same, other, config.recurrence):
-        bump = max(other.excess.values())
-        spike = max(same.spike_excess.values())
-        line += (
-            f" Its largest flag rises {bump:.4g} above the detector's mean, less than "
-            f"{config.recurrence:g} of the spike's {spike:.4g}: a bump, not the spike again."
+def other_data_lines(
+    spike_step: int,
+    same: Replay,
+    others: Sequence[Replay],
+    position: int,
+    config: DiagnoseConfig,
+) -> list[str]:
+    """A line for each other-data replay, with its rise ratio, then how they decide."""
+    lines = []
+    for index, other in enumerate(others, start=1):
+        assert other.skipped is not None
+        first, end = other.skipped
+        name = "(b)" if len(others) == 1 else f"(b{index})"
+        line = (
+            f"{name} same state, data positions {first}-{end - 1} skipped (the spike's "
+            f"position is {position}): max loss {other.max_loss:.4f} from step "
+            f"{spike_step - config.window_before} on (same data: {same.max_loss:.4f}); "
+            f"flagged steps {other.flagged or 'none'}"
         )
-    return line
+        judgement = other.judgement
+        line += f"; it {judgement.describe()}." if judgement is not None else "."
+        lines.append(line)
+    ratio = deciding_ratio(others)
+    back = sum(o.ratio >= config.recurrence for o in others)
+    if 0 < back < len(others):
+        lines.append(
+            f"The other-data replays disagree: {back} of {len(others)} bring the spike back; "
+            f"the median of their ratios, {ratio:.2f}, decides against the bar "
+            f"{config.recurrence:g}. More windows (--windows {len(others) + 2}) or an earlier "
+            "checkpoint (--earlier_ckpt, replay (c)) would settle it."
+        )
+    elif len(others) > 1:
+        said = "bring the spike back" if back else "leave the spike out"
+        lines.append(f"All {len(others)} other-data replays {said} (median ratio {ratio:.2f}).")
+    return lines
 
 
 def earlier_lines(spike_step: int, same: Replay, earlier: Replay) -> list[str]:

@@ -30,6 +30,7 @@ from lit_spikes.tools.diagnose.config import DiagnoseConfig
 from lit_spikes.tools.diagnose.subject import Subject
 from lit_spikes.tools.diagnose.unlike import settings_unlike_the_run
 from lit_spikes.tools.diagnose.verdict import Replay, bit_equal
+from lit_spikes.tools.judgement import Rise, rise_in
 from lit_spikes.tools.resume_callbacks import parse_state_key, rebuild, with_exact_resume
 
 LOSS_TAGS = ("train/loss", "loss", "train_loss", "train_loss_step", "loss_step")
@@ -364,6 +365,8 @@ class Replayer:
                 if step == self.spike_step:
                     at_spike[metric] = size
         judged = [records[s] for s in sorted(records) if s >= first]
+        rises = self._rises(checkpoint, records, first, detector.window)
+        at_step = self._rises(checkpoint, records, self.spike_step, detector.window, 0)
         loss = float(records[self.spike_step]["loss"])
         equal = bit_equal(loss, self.original)
         return Replay(
@@ -382,7 +385,35 @@ class Replayer:
             detector_from_checkpoint=continued,
             excess=excess,
             spike_excess=at_spike,
+            rises=rises,
+            spike_rises=at_step,
         )
+
+    def _rises(
+        self,
+        checkpoint: dict[str, Any],
+        records: dict[int, dict[str, float]],
+        first: int,
+        window: int,
+        steps: int | None = None,
+    ) -> dict[str, Rise]:
+        """Each monitored name's highest rise over ``steps`` steps from step ``first``
+        (None: to the end), over the median of the detector's window before each step:
+        the values before the checkpoint are the run's detector's (its state in the
+        file), else the run's logged loss."""
+        k = int(checkpoint["global_step"])
+        state = self.judge.detector().state_in(checkpoint) or {}
+        recent = state.get("recent") or {}
+        logged = [v for step, v in sorted(self.logged.items()) if step < k]
+        rises: dict[str, Rise] = {}
+        for name in self.judge.monitors:
+            curve = {s: float(r[name]) for s, r in records.items() if name in r}
+            prior = recent.get(name) or (logged if name in LOSS_TAGS else [])
+            last = max(records) if steps is None else first + steps
+            rise = rise_in(curve, first, last, window, prior[-window:])
+            if rise is not None:
+                rises[name] = rise
+        return rises
 
 
 def has_rng_states(checkpoint: dict[str, Any]) -> bool:

@@ -30,7 +30,13 @@ from lit_spikes.tools.diagnose.subject import (
     run_config,
     subject_of,
 )
-from lit_spikes.tools.diagnose.verdict import Replay, Verdict, cause_from_same_data, verdict_cause
+from lit_spikes.tools.diagnose.verdict import (
+    Replay,
+    Verdict,
+    cause_from_same_data,
+    judged,
+    verdict_cause,
+)
 
 
 def diagnose(
@@ -341,11 +347,15 @@ def _replay_and_judge(
             evidence.append(explain.not_the_run(*differs, replayer.settings(), replayer.unlike))
         else:
             evidence.append(explain.NOT_REPRODUCED)
-        return Verdict(decided, spike_step, k, str(ckpt_path), original, same, None, None, evidence)
+        return Verdict(decided, spike_step, k, str(ckpt_path), original, same, [], None, evidence)
     position = int(records[spike_step]["position"])
     first = int(records[k]["position"]) if k in records else k
-    window = (max(first, position - config.window_before), position + config.window_after + 1)
-    other, _ = replayer.run("replay_other_data", ckpt_path, window)
+    others = []
+    for index, window in enumerate(other_windows(first, position, config)):
+        label = "replay_other_data" + (f"_{index + 1}" if index else "")
+        other, _ = replayer.run(label, ckpt_path, window)
+        other.judgement = judged(same, other, config.recurrence)
+        others.append(other)
     earlier: Replay | None = None
     if earlier_ckpt is not None:
         # Against the run's own full loss where one is known to the bit; else (none given,
@@ -357,10 +367,21 @@ def _replay_and_judge(
         earlier, _ = replayer.run("replay_earlier_ckpt", earlier_ckpt, remedies_of=ckpt_path)
         if replayer.drew_without_states and earlier.bit_equal is False:
             earlier.bit_equal = None  # other draws than the later file's replay: no evidence
-    evidence.append(explain.other_data_line(spike_step, same, other, position, config))
+    evidence += explain.other_data_lines(spike_step, same, others, position, config)
     if earlier is not None:
         evidence += explain.earlier_lines(spike_step, same, earlier)
-    cause = verdict_cause(spike_step, same, other, earlier, config.recurrence)
+    cause = verdict_cause(spike_step, same, others, earlier, config.recurrence)
     if cause in explain.READINGS:
         evidence.append(explain.READINGS[cause])
-    return Verdict(cause, spike_step, k, str(ckpt_path), original, same, other, earlier, evidence)
+    return Verdict(cause, spike_step, k, str(ckpt_path), original, same, others, earlier, evidence)
+
+
+def other_windows(first: int, position: int, config: DiagnoseConfig) -> list[tuple[int, int]]:
+    """The data positions each other-data replay skips (half-open): from ``window_before``
+    before the spike's ``position`` (not before the checkpoint's ``first``) to
+    ``window_after`` past it, each further window a window's length longer, so that
+    another stretch of data trains the spike's step in each."""
+    start = max(first, position - config.window_before)
+    end = position + config.window_after + 1
+    length = end - start
+    return [(start, end + index * length) for index in range(config.windows)]

@@ -5,16 +5,15 @@ Trainer: the rules of the diagnosis, testable with plain numbers."""
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from lit_spikes.tool_facts import Column
+from lit_spikes.tools.judgement import RECURRENCE, Judgement, Rise
 
 Cause = Literal["data-caused", "state-caused", "not-reproducible", "no-spike"]
-
-RECURRENCE = 0.5
-"""A flagged step of the other-data replay is the spike recurring where it rises at
-least this fraction of the spike's own rise above the detector's mean (DiagnoseConfig)."""
 
 
 @dataclass
@@ -46,24 +45,41 @@ class Replay:
     (``rise``): how big the replay's biggest flag is."""
     spike_excess: dict[str, float] = field(default_factory=dict)
     """By monitored name flagged at the spike's step, that step's rise."""
+    rises: dict[str, Rise] = field(default_factory=dict)
+    """By monitored name, its highest rise over its median from ``window_before`` steps
+    before the spike on (``judgement.rise_in``): what the judgement compares."""
+    spike_rises: dict[str, Rise] = field(default_factory=dict)
+    """By monitored name, its rise at the spike's step: the spike's own height, which a
+    same-data replay reproduces and the other-data replays are held against."""
+    judgement: Judgement | None = None
+    """An other-data replay's rise against the same-data one's (``judged``)."""
 
     @property
     def spiked(self) -> bool:
         return bool(self.flagged)
 
+    @property
+    def ratio(self) -> float:
+        """Its rise as a share of the spike's (``judgement``); a replay of plain numbers,
+        without rises: 1.0 where it flagged a step, else 0.0."""
+        if self.judgement is not None:
+            return self.judgement.ratio
+        return 1.0 if self.spiked else 0.0
 
-def recurred(same: Replay, other: Replay, fraction: float = RECURRENCE) -> bool:
-    """Whether ``other`` brings the spike of ``same`` back: a flagged step that rises at
-    least ``fraction`` of the spike's own rise in a name flagged at the spike (a replay
-    of plain numbers, without rises: any flagged step)."""
-    if not other.spiked:
-        return False
-    if not same.spike_excess or not other.excess:
-        return True
-    return any(
-        metric in other.excess and other.excess[metric] >= fraction * size
-        for metric, size in same.spike_excess.items()
-    )
+
+def judged(same: Replay, other: Replay, bar: float = RECURRENCE) -> Judgement | None:
+    """``other``'s highest rise against ``same``'s at the spike's step (the spike's own
+    height), in the names the detector flagged at the spike (else every name measured):
+    the one that comes back the most. None where neither measured a rise (plain numbers)."""
+    names = [m for m in same.spike_excess if m in same.spike_rises and m in other.rises]
+    names = names or [m for m in same.spike_rises if m in other.rises]
+    found = [Judgement(m, other.rises[m], same.spike_rises[m], bar) for m in names]
+    return max(found, key=lambda j: j.ratio, default=None)
+
+
+def deciding_ratio(others: Sequence[Replay]) -> float:
+    """The median of the other-data replays' ratios: the majority of three decides."""
+    return statistics.median(o.ratio for o in others)
 
 
 @dataclass
@@ -77,8 +93,9 @@ class Verdict:
     original_loss: float | None
     """The loss the original run logged at the spike (None: unknown)."""
     same_data: Replay
-    other_data: Replay | None
-    """None when the spike did not come back with the same data (no point asking)."""
+    other_data: list[Replay]
+    """The other-data replays, each skipping another window (empty when the spike did not
+    come back with the same data: no point asking)."""
     earlier: Replay | None
     evidence: list[str]
     columns: tuple[Column, ...] = ()
@@ -104,15 +121,16 @@ def cause_from_same_data(spike_step: int, same: Replay) -> Cause | None:
 def verdict_cause(
     spike_step: int,
     same: Replay,
-    other: Replay | None,
+    others: Sequence[Replay],
     earlier: Replay | None = None,
     recurrence: float = RECURRENCE,
 ) -> Cause:
     """The cause the replays show: (a) decides alone where it can; else an earlier
     checkpoint's replay (c) that does not bring the spike back to the bit says the later
-    state is not the run's own history's; else (b) still spiking without the data around
-    the spike (``recurred``: a rise of at least ``recurrence`` of the spike's) says the
-    state causes it, and not spiking (or a smaller bump) says the data does.
+    state is not the run's own history's; else the other-data replays (b) do: rising
+    without the data around the spike to at least ``recurrence`` of its height (the
+    median of their ratios, ``deciding_ratio``) says the state causes it, a smaller rise
+    says the data does.
 
     Raises:
         ValueError: (a) leaves the question open and there is no replay (b).
@@ -120,11 +138,11 @@ def verdict_cause(
     decided = cause_from_same_data(spike_step, same)
     if decided is not None:
         return decided
-    if other is None:
+    if not others:
         raise ValueError(f"the spike at step {spike_step} came back: replay (b) must decide")
     if earlier is not None and earlier.bit_equal is False:
         return "not-reproducible"
-    return "state-caused" if recurred(same, other, recurrence) else "data-caused"
+    return "state-caused" if deciding_ratio(others) >= recurrence else "data-caused"
 
 
 def given_decimals(value: float) -> int | None:

@@ -69,13 +69,17 @@ def test_a_poisoned_batch_is_data_caused(tmp_path: Path) -> None:
         log_root=tmp_path / "replays",
     )
     assert verdict.cause == "data-caused", verdict.evidence
-    same, other, earlier = verdict.same_data, verdict.other_data, verdict.earlier
-    assert other is not None and earlier is not None
+    same, earlier = verdict.same_data, verdict.earlier
+    assert earlier is not None
     assert verdict.original_loss is not None and verdict.original_loss > 4.0
     assert same.bit_equal and same.loss_at_spike == verdict.original_loss  # to the last bit
     assert 28 in same.flagged
-    assert other.skipped == (23, 54) and not other.spiked  # positions 28-5 .. 28+25
-    assert other.max_loss < 0.75 * same.max_loss
+    # Three windows, each a window's length longer: positions 28-5 .. 28+25, ..+31, ..+62
+    assert [o.skipped for o in verdict.other_data] == [(23, 54), (23, 85), (23, 116)]
+    for other in verdict.other_data:
+        assert not other.spiked and other.max_loss < 0.75 * same.max_loss
+        assert other.judgement is not None and other.judgement.ratio < 0.5, verdict.evidence
+    assert "All 3 other-data replays leave the spike out" in "\n".join(verdict.evidence)
     assert earlier.bit_equal and earlier.ckpt_step == EARLIER  # (c): the history repeats too
     assert verdict.evidence[-1].startswith("Without the data around it the spike is gone")
     assert (tmp_path / "replays" / "replay_other_data").is_dir()
@@ -143,7 +147,7 @@ def test_a_step_that_is_no_spike_is_said_to_be_none(tmp_path: Path) -> None:
     verdict = diagnose(checkpoint_path(tmp_path / "quiet", K), 24)  # no data=: the file's
     assert verdict.cause == "no-spike", verdict.evidence
     assert verdict.same_data.bit_equal and verdict.same_data.flagged == [28]
-    assert verdict.other_data is None and "give a flagged step" in verdict.evidence[-1]
+    assert verdict.other_data == [] and "give a flagged step" in verdict.evidence[-1]
     # The loss as this tool prints it (4 decimals) is no proof of a hardware fault.
     rounded = round(verdict.same_data.loss_at_spike, 4)
     again = diagnose(checkpoint_path(tmp_path / "quiet", K), 24, original_loss=rounded)
@@ -164,8 +168,9 @@ def test_an_lr_jump_is_state_caused(tmp_path: Path) -> None:
         ckpt, 26, data=partial(StepDataModule, TINY_DATA)
     )  # callbacks=None: rebuilt from the file
     assert verdict.cause == "state-caused", verdict.evidence
-    assert verdict.same_data.bit_equal and verdict.other_data is not None
-    assert verdict.other_data.spiked and verdict.other_data.skipped == (21, 52)
+    assert verdict.same_data.bit_equal and len(verdict.other_data) == 3
+    assert verdict.other_data[0].spiked and verdict.other_data[0].skipped == (21, 52)
+    assert all(o.ratio >= 0.5 for o in verdict.other_data), verdict.evidence
     # Replayed without the LR jump the spike does not come back at all: the replay must
     # train as the original did, which is why the callbacks are rebuilt from the file.
     without = diagnose(ckpt, 26, data=partial(StepDataModule, TINY_DATA), callbacks=[])
@@ -184,7 +189,7 @@ def test_one_off_noise_in_the_original_run_is_not_reproducible(tmp_path: Path) -
     assert same.bit_equal is False and not same.spiked, (same, verdict.evidence)
     assert verdict.original_loss is not None, verdict.evidence
     assert same.loss_at_spike < 0.75 * verdict.original_loss, (same, verdict.original_loss)
-    assert verdict.other_data is None and verdict.earlier is None, verdict
+    assert verdict.other_data == [] and verdict.earlier is None, verdict
 
 
 def test_bad_arguments_name_what_is_wrong(
@@ -267,8 +272,9 @@ def test_the_default_spike_replays_bit_exactly(tmp_path: Path) -> None:
     verdict = diagnose(setup.checkpoint(100), spike, config=config)
     assert verdict.same_data.bit_equal and spike in verdict.same_data.flagged
     window = (spike - config.window_before, spike + config.window_after + 1)
-    assert verdict.other_data is not None and verdict.other_data.skipped == window
-    expected = "state-caused" if verdict.other_data.spiked else "data-caused"
+    assert verdict.other_data[0].skipped == window
+    ratios = sorted(o.ratio for o in verdict.other_data)
+    expected = "state-caused" if ratios[1] >= config.recurrence else "data-caused"
     assert verdict.cause == expected, verdict.evidence
 
 
@@ -420,7 +426,7 @@ def test_the_verdict_follows_the_replays_numbers(
 
     earlier_replay = None if earlier is None else replay([28], earlier)
     assert verdict_cause(
-        28, replay(list(same), True), replay(list(other), None), earlier_replay
+        28, replay(list(same), True), [replay(list(other), None)], earlier_replay
     ) == (cause)
 
 
@@ -432,9 +438,9 @@ def test_the_same_data_replay_alone_decides_no_spike_and_a_fault() -> None:
     assert cause_from_same_data(28, replay([28], False)) == "not-reproducible"  # another loss
     assert cause_from_same_data(28, replay([], False)) == "not-reproducible"
     assert cause_from_same_data(28, replay([28], None)) is None  # back: (b) decides
-    assert verdict_cause(28, replay([28], False), None) == "not-reproducible"
+    assert verdict_cause(28, replay([28], False), []) == "not-reproducible"
     with pytest.raises(ValueError, match="replay \\(b\\) must decide"):
-        verdict_cause(28, replay([28], True), None)
+        verdict_cause(28, replay([28], True), [])
 
 
 def test_one_diagnosis_reads_each_checkpoint_once(
@@ -465,6 +471,6 @@ def test_one_diagnosis_reads_each_checkpoint_once(
     argv = ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", "28", "--poison", "[28]"]
     verdict = cli_main([*argv, "--earlier_ckpt_path", str(earlier)])
     assert isinstance(verdict, Verdict) and verdict.cause == "data-caused"  # (a), (b), (c) ran
-    # once for the diagnosis, once for each replay's fit: (a) and (b) from ckpt, (c) earlier
-    assert reads.count(ckpt.resolve()) == 1 + 2, reads
+    # once for the diagnosis, once for each replay's fit: (a) and three (b) from ckpt, (c)
+    assert reads.count(ckpt.resolve()) == 1 + 1 + 3, reads
     assert reads.count(earlier.resolve()) == 1 + 1, reads
