@@ -336,6 +336,16 @@ MUTATIONS = [
         ("tests/tools/diagnose/test_diagnose.py::test_a_poisoned_batch_is_data_caused",),
     ),
     Mutation(
+        "recover_accepts_by_flag_alone",
+        "lit_spikes/tools/recover/gate.py",
+        "        if self.judgement is None or not self.judgement.still_spikes:\n",
+        "        if True:\n",
+        (
+            "tests/tools/recover/test_recover_judgement.py::"
+            "test_a_remedy_that_damps_the_spike_under_the_threshold_is_rejected",
+        ),
+    ),
+    Mutation(
         "recover_rolls_back_past_the_distance_bound",
         "lit_spikes/tools/recover/rollback.py",
         "    bound = onset - distance\n",

@@ -19,6 +19,7 @@ from lit_spikes.tools.defaults import DEMO_DATA, DEMO_MODEL
 from lit_spikes.tools.detector_config import DetectorConfig as DetectorConfig  # (its old home)
 from lit_spikes.tools.factories import ClassPath, complete_args, stated_facts
 from lit_spikes.tools.fit_defaults import check_num_threads
+from lit_spikes.tools.judgement import RECURRENCE, check_bar
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 
 DEFAULT_MODEL = DEMO_MODEL
@@ -142,7 +143,12 @@ class RecoverConfig:
     as ``class_path`` and ``init_args`` (a class path alone: its defaults); the built-in
     ones' ``init_args`` are their options (see ``lit_spikes.tools.recover.remedies``)."""
     accept_margin: int = 20
-    """A remedy is accepted once it trains this many steps past the spike without one."""
+    """A remedy is accepted once it trains this many steps past the spike without one,
+    and its loss rose less than ``recurrence`` of the spike's rise over those steps."""
+    recurrence: float = RECURRENCE
+    """The bar of the judgement diagnose shares (``lit_spikes.tools.judgement``): a remedy
+    whose branch rises over its median at least this share of the spike's own rise, flag
+    or no flag, has not removed the spike and is rejected."""
     max_interventions: int = 3
     """Spikes the loop handles; later ones are recorded as unrecovered."""
     max_branches: int = 8
@@ -247,6 +253,7 @@ class RecoverConfig:
                 "a lower LR or clipping from there cannot change it (each such branch is spent "
                 "on the same spike)"
             )
+        check_bar(self.recurrence, "RecoverConfig.recurrence")
         for name in ("accept_margin", "max_interventions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RecoverConfig.{name}={getattr(self, name)} must be >= 0")

@@ -177,6 +177,8 @@ class HistoryLog(Callback):
     ) -> None:
         self.path, self.clock, self.write = path, clock, write
         self.columns = tuple(columns)
+        self.last: dict[str, Any] | None = None
+        """The last step's record (its global values, on every rank)."""
         self._handle: Any = None
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -206,6 +208,7 @@ class HistoryLog(Callback):
         )
         if any(record["step"] in steps for steps in skipped):
             record["skipped"] = 1.0
+        self.last = record
         self._write(record)
 
     @override

@@ -13,9 +13,10 @@ from typing import Any, Literal
 from lit_spikes.callbacks.spike import Spike
 from lit_spikes.checkpoints import atomic_write
 from lit_spikes.shared.plain import plain_config
+from lit_spikes.tools.judgement import Judgement, Rise
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 4
+LEDGER_VERSION = 5
 """The ledger format this code writes. Version 2: the config names the model and data by
 class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
 callbacks as ``{"class_path", "init_args"}``, comparison rows hold one ``measure`` of
@@ -23,8 +24,10 @@ every row, named in ``measured_by`` (before: ``final_loss``, of other batches pe
 Version 3: no field of the demo's: the totals' validation is the module's (``val``), the
 rows' columns its ``cells``; no ``val_bpc``, ``max_logit`` or ``max_logit_after``.
 Version 4: a comparison variant's branch holds ``model_changes`` (the module's
-``init_args`` it changes) for version 3's ``gpt_changes`` (the demo's ``gpt`` alone)."""
-LEDGER_VERSIONS = (2, 3, 4)
+``init_args`` it changes) for version 3's ``gpt_changes`` (the demo's ``gpt`` alone).
+Version 5: an intervention holds its spike's rise (``spike_rise``), a remedy branch its
+judgement against it (``judgement``: the ratio that accepted or rejected it)."""
+LEDGER_VERSIONS = (2, 3, 4, 5)
 """The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 
 
@@ -105,6 +108,9 @@ class BranchRecord:
     wall_s: float = 0.0
     note: str = ""
     """Why it exists, for the ones the loop adds when it gives up."""
+    judgement: Judgement | None = None
+    """A remedy branch's rise against its spike's as it reached ``accept_after``: under
+    the bar it was accepted, at or over it rejected (None: not judged so far)."""
 
 
 @dataclass
@@ -127,6 +133,10 @@ class Intervention:
     status: Literal["open", "accepted", "gave_up"] = "open"
     accepted: str | None = None
     reason: str = ""
+    spike_rise: Rise | None = None
+    """The spike's rise over the median before it, in ``rise_metric``: what each remedy
+    branch's rise is held against (None: the lineage recorded no such curve)."""
+    rise_metric: str = "loss"
 
     @property
     def steps_rolled_back(self) -> int:
@@ -228,10 +238,7 @@ class Ledger:
             raise UnknownFormatVersion(source, data.get("version"), LEDGER_VERSIONS)
         data["version"] = LEDGER_VERSION  # read into this version's fields, written so
         data["branches"] = [_branch(b) for b in data.get("branches", [])]
-        data["interventions"] = [
-            Intervention(**(i | {"spike": Spike.of(i["spike"])}))
-            for i in data.get("interventions", [])
-        ]
+        data["interventions"] = [_intervention(i) for i in data.get("interventions", [])]
         if data.get("totals") is not None:
             totals = _totals(data["totals"])
             data["totals"] = Totals(**(totals | {"unrecovered": _spikes(totals["unrecovered"])}))
@@ -263,6 +270,12 @@ def _totals(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _intervention(data: dict[str, Any]) -> Intervention:
+    rise = data.get("spike_rise")
+    rise = None if rise is None else Rise.of(rise)
+    return Intervention(**(data | {"spike": Spike.of(data["spike"]), "spike_rise": rise}))
+
+
 def _branch(data: dict[str, Any]) -> BranchRecord:
     """A branch record, its spikes read as ``Spike`` (from any version's plain records);
     version 2's ``val_bpc`` and ``max_logit`` (the demo's, never shown) left out, and
@@ -272,8 +285,10 @@ def _branch(data: dict[str, Any]) -> BranchRecord:
     if gpt:
         data["model_changes"] = {"gpt": gpt}
     spikes = {key: _spikes(data.get(key, [])) for key in ("absorbed", "unrecovered")}
-    stop = data.get("spike")
-    return BranchRecord(**(data | spikes | {"spike": None if stop is None else Spike.of(stop)}))
+    stop, judged = data.get("spike"), data.get("judgement")
+    data |= {"spike": None if stop is None else Spike.of(stop)}
+    data |= {"judgement": None if judged is None else Judgement.of(judged)}
+    return BranchRecord(**(data | spikes))
 
 
 def dedupe_spikes(spikes: Sequence[Spike]) -> list[Spike]:

@@ -25,6 +25,7 @@ from lit_spikes.callbacks.run_lock import RunDirectoryLock
 from lit_spikes.loader import positioned
 from lit_spikes.shared.plain import plain_config
 from lit_spikes.shared.training import checkpoint_path, quiet_branches
+from lit_spikes.tools.judgement import Judgement
 from lit_spikes.tools.recover.branch import (
     Builders,
     branch_run,
@@ -34,7 +35,7 @@ from lit_spikes.tools.recover.branch import (
     with_given,
 )
 from lit_spikes.tools.recover.config import FACTORY, RecoverConfig
-from lit_spikes.tools.recover.gate import SpikeGate
+from lit_spikes.tools.recover.gate import RiseCheck, SpikeGate
 from lit_spikes.tools.recover.history import (
     HISTORY_NAME,
     HistoryLog,
@@ -44,6 +45,7 @@ from lit_spikes.tools.recover.history import (
     records_before,
     write_history,
 )
+from lit_spikes.tools.recover.judging import ratio_of, rise_check, spike_rise
 from lit_spikes.tools.recover.ledger import (
     LEDGER_NAME,
     BranchRecord,
@@ -277,14 +279,9 @@ class RecoveryLoop:
         if self.ledger.remedy_count() >= self.config.max_branches:
             self.give_up(spiked, None, f"max_branches={self.config.max_branches} used")
             return
-        config = self.config
+        distance, every = self.config.rollback_distance, self.config.checkpoint_every
         step, path, owner, refused = choose_rollback(
-            self.ledger,
-            self.root,
-            spiked,
-            spike.step,
-            config.rollback_distance,
-            config.checkpoint_every,
+            self.ledger, self.root, spiked, spike.step, distance, every
         )
         intervention = Intervention(
             index=len(self.ledger.interventions),
@@ -294,6 +291,9 @@ class RecoveryLoop:
             owner=owner,
             refused=refused,
         )
+        records = lineage_records(self.ledger, self.root, spiked.name)
+        window = self.config.detector.build(self.facts).window
+        intervention.rise_metric, intervention.spike_rise = spike_rise(records, spike, window)
         self.ledger.interventions.append(intervention)
         self.event(
             "spike",
@@ -311,8 +311,10 @@ class RecoveryLoop:
         assert branch.intervention is not None and branch.spike is not None
         intervention = self.ledger.interventions[branch.intervention]
         why = f"spike at step {branch.spike.step} ({branch.spike.metric} {branch.spike.value:.3f})"
+        if branch.judgement is not None and branch.judgement.still_spikes:
+            why = f"no flag, but it {branch.judgement.describe()}"
         intervention.outcomes[branch.name] = f"rejected: {why}"
-        self.event("rejected", save=False, branch=branch.name, reason=why)
+        self.event("rejected", save=False, branch=branch.name, reason=why, **ratio_of(branch))
         tried = len(intervention.tried)
         if tried >= len(self.config.ladder):
             self.give_up_intervention(intervention, "every remedy of the ladder spiked")
@@ -380,24 +382,22 @@ class RecoveryLoop:
 
     def run_branch(self, record: BranchRecord) -> None:
         """Train one branch until it ends or its gate stops it at a spike."""
-        ckpt, start = self._on_leader(lambda: self._prepare(record))
+        ckpt, start, check = self._on_leader(lambda: self._prepare(record))
         record = self.ledger.branch(record.name)  # rank 0's record, on every rank
-        config = self.config
         run_dir = self.root / record.name
-        detector = config.detector.build(self.facts)
-
-        def accept(step: int) -> None:
-            self.accept(record, step)
-
+        detector = self.config.detector.build(self.facts)
         step_clock = StepClock()
-        gate = SpikeGate(
-            detector, record.gate, record.accept_after, accept, step_clock, record.start_step
-        )
-        gate.accepted = gate.accepted or record.accepted_at is not None
         columns = [column.key for column in self.facts.columns]
         history_log = HistoryLog(run_dir / HISTORY_NAME, step_clock, self.ranks.leader, columns)
+        gate = SpikeGate(
+            detector, record.gate, record.accept_after,
+            lambda step: self.accept(record, step, gate.judgement),
+            step_clock, record.start_step, check, history_log,
+        )  # fmt: skip
+        gate.accepted = gate.accepted or record.accepted_at is not None
         extra = list(self.extra_callbacks(record)) if self.extra_callbacks else []
-        callbacks = [detector, step_clock, gate, history_log, *extra]
+        # The history before the gate: the gate judges the step's record it appended
+        callbacks = [detector, step_clock, history_log, gate, *extra]
         resume_step = start if ckpt else None
         module, datamodule, spec = branch_run(
             self.builders, record, callbacks, resume_step, self.progress_bar
@@ -439,10 +439,10 @@ class RecoveryLoop:
 
         raise RecoverInterrupted(self._on_leader(interrupted))
 
-    def _prepare(self, record: BranchRecord) -> tuple[str | None, int]:
+    def _prepare(self, record: BranchRecord) -> tuple[str | None, int, RiseCheck | None]:
         """Rank 0's part of a branch's start: where it starts (its checkpoint and step:
-        an interrupted branch continues from its own newest file), and its history file
-        cut back to that step."""
+        an interrupted branch continues from its own newest file), its history file cut
+        back to that step, and what its gate holds its rise against (``rise_check``)."""
         run_dir = self.root / record.name
         history_path = run_dir / HISTORY_NAME
         ckpt: str | None = record.ckpt_path
@@ -466,7 +466,7 @@ class RecoveryLoop:
             branch=record.name,
             from_step=start,
         )
-        return ckpt, start
+        return ckpt, start, rise_check(self.ledger, self.root, self.config, self.facts, record)
 
     def _conclude(
         self, record: BranchRecord, detector: SpikeDetector, trainer: pl.Trainer, gate: SpikeGate
@@ -474,6 +474,7 @@ class RecoveryLoop:
         """Rank 0's part of a branch's end: its counts, and spiked or finished."""
         config = self.config
         summarize(record, self.root, detector, trainer_callbacks(trainer), positioned(trainer))
+        record.judgement = gate.judgement or record.judgement
         if gate.stop_spike is not None:
             record.status, record.spike = "spiked", gate.stop_spike
             self.event(
@@ -494,15 +495,17 @@ class RecoveryLoop:
         history = read_history(self.root / record.name / HISTORY_NAME)
         self.event("branch_finished", branch=record.name, **validated(history, self.facts))
 
-    def accept(self, record: BranchRecord, step: int) -> None:
-        record.accepted_at = step
+    def accept(self, record: BranchRecord, step: int, judgement: Judgement | None = None) -> None:
+        record.accepted_at, record.judgement = step, judgement or record.judgement
         if record.intervention is not None:
             intervention = self.ledger.interventions[record.intervention]
             intervention.status, intervention.accepted = "accepted", record.name
             intervention.outcomes[record.name] = (
                 f"accepted: no spike from step {record.start_step} through step {step}"
             )
-        self.event("accepted", branch=record.name, at_step=step)
+            if record.judgement is not None:
+                intervention.outcomes[record.name] += f"; it {record.judgement.describe()}"
+        self.event("accepted", branch=record.name, at_step=step, **ratio_of(record))
 
     # -- comparison rows and the end
 

@@ -72,5 +72,5 @@ def test_a_version_3_ledgers_qk_norm_branch_reads_as_the_modules_variant() -> No
     ledger = Ledger.from_dict(data | {"version": 3, "branches": [qk]})
     assert ledger.branches[0].model_changes == {"gpt": {"qk_norm": True}}
     written = ledger.to_dict()
-    assert written["version"] == 4 and "gpt_changes" not in written["branches"][0]
+    assert written["version"] == LEDGER_VERSION and "gpt_changes" not in written["branches"][0]
     assert Ledger.from_dict(written).branches[0].model_changes == {"gpt": {"qk_norm": True}}
