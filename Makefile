@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean study
+.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean study diagnose-panel
 
 install: $(STAMP)
 
@@ -72,6 +72,10 @@ gpu-check: $(STAMP)
 # that the tests guarding it fail; not part of `make test` (a few minutes).
 mutations: $(STAMP)
 	$(BIN)/python scripts/mutations.py
+
+# diagnose on spikes planted in two modules of the tests' (docs/recover-and-diagnose.md)
+diagnose-panel: $(STAMP)
+	PYTHONPATH=. $(BIN)/python scripts/diagnose_panel.py
 
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir runs

@@ -346,6 +346,16 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "rise_as_a_difference",
+        "lit_spikes/tools/judgement.py",
+        "            return math.log(self.value / self.median) if self.value > 0 else -math.inf\n",
+        "            return self.value - self.median\n",
+        (
+            "tests/tools/recover/test_recover_judgement.py::"
+            "test_a_remedy_that_damps_the_spike_under_the_threshold_is_rejected",
+        ),
+    ),
+    Mutation(
         "recover_rolls_back_past_the_distance_bound",
         "lit_spikes/tools/recover/rollback.py",
         "    bound = onset - distance\n",

@@ -5,10 +5,16 @@ the original spike rose. A detector's flag is a threshold crossed; a spike that 
 crossed it and a replay that rose to four fifths of it but not over it are the same
 spike, and this measure says so (docs/recover-and-diagnose.md, "One judgement").
 
-    rise(t)  = value(t) - median(the ``window`` finite values before t)
+    rise(t)  = ln(value(t) / median(t))   (a positive curve, as a loss is; else
+               value(t) - median(t)), median(t): of the ``window`` finite values before t
     height   = the largest rise(t) over the judged steps
-    ratio    = height of the replay or branch / height of the original spike
+    ratio    = height of the replay or branch / the original spike's rise at its step
     still spikes  <=>  ratio >= bar   (default ``RECURRENCE`` = 0.5)
+
+A rise is a factor over the median ("5x its median"), so that a spike's size in one
+replay and another compares whatever the loss's scale: a state-caused spike that reached
+100x its median in the run and 20x with other data (the data set only where an Adam
+update sent the weights) is the same spike again (ratio 0.65), not a fifth of it.
 
 The detector's threshold stays the floor against noise: a step it does not flag in the
 original run is no spike to judge (diagnose's ``no-spike``), and a branch it flags
@@ -55,16 +61,28 @@ class Rise:
 
     @property
     def height(self) -> float:
-        """``value - median`` (inf for a non-finite value)."""
-        return self.value - self.median if math.isfinite(self.value) else math.inf
+        """How far the value rose over its median: for a positive curve (a loss),
+        ``ln(value / median)``, so that "5x its median" is one height whatever the loss's
+        scale, and a spike to 100x is not dwarfed by one to 5000x; else ``value -
+        median``. inf for a non-finite value."""
+        if not math.isfinite(self.value):
+            return math.inf
+        if self.median > 0:
+            return math.log(self.value / self.median) if self.value > 0 else -math.inf
+        return self.value - self.median
 
     def describe(self) -> str:
-        """``0.0161 at step 172 (+0.01 over a median of 0.0061)``."""
+        """``0.0161 at step 172 (2.66x its median 0.00606)``."""
         if not math.isfinite(self.value):
             return f"{self.value} at step {self.step}"
+        if self.median > 0:
+            times = self.value / self.median
+            return (
+                f"{self.value:.4g} at step {self.step} ({times:.3g}x its median {self.median:.4g})"
+            )
         return (
-            f"{self.value:.4g} at step {self.step} (+{self.height:.4g} over a median of "
-            f"{self.median:.4g})"
+            f"{self.value:.4g} at step {self.step} ({self.value - self.median:+.4g} over its "
+            f"median {self.median:.4g})"
         )
 
     @classmethod

@@ -44,10 +44,15 @@ def test_a_non_finite_value_is_the_highest_rise() -> None:
     assert "nan at step 12" in rise.describe()
 
 
-def test_the_ratio_is_the_share_of_the_spikes_height() -> None:
-    spike = Rise(10, 3.0, 1.0)  # +2
-    assert rise_ratio(Rise(30, 2.5, 1.0), spike) == 0.75
+def test_the_ratio_is_the_share_of_the_spikes_height_as_a_factor_over_its_median() -> None:
+    spike = Rise(10, 3.0, 1.0)  # 3x its median
+    assert rise_ratio(Rise(30, 2.5, 1.0), spike) == math.log(2.5) / math.log(3.0)
+    assert rise_ratio(Rise(30, 25.0, 10.0), spike) == rise_ratio(Rise(30, 2.5, 1.0), spike)
     assert rise_ratio(Rise(30, 0.5, 1.0), spike) == 0.0  # below its median: none
+    # A big spike is not dwarfed: 20x against 100x is most of it, not a fifth
+    assert 0.6 < rise_ratio(Rise(30, 20.0, 1.0), Rise(10, 100.0, 1.0)) < 0.7
+    # A curve that is not positive (a logged score) rises by its difference
+    assert rise_ratio(Rise(30, 0.5, -1.0), Rise(10, 1.0, -1.0)) == 0.75
     assert rise_ratio(Rise(30, math.inf, 1.0), spike) == math.inf
     nan_spike = Rise(10, math.nan, 1.0)
     assert rise_ratio(Rise(30, math.nan, 1.0), nan_spike) == 1.0
@@ -56,14 +61,16 @@ def test_the_ratio_is_the_share_of_the_spikes_height() -> None:
 
 def test_the_bar_decides_flag_or_no_flag() -> None:
     """The issue's case: the spike crossed the threshold by a hair (0.0191 against
-    0.0187), the replay rose to 0.77 of it without crossing: still the spike."""
+    0.0187), the replay rose to 0.0161 without crossing it (0.77 of the spike's rise as
+    a difference, 0.85 as a factor over the median): still the spike."""
     spike = Rise(171, 0.0191, 0.00606)
     replay = Rise(172, 0.0161, 0.00606)
     judgement = Judgement("loss", replay, spike, 0.5)
-    assert judgement.still_spikes and round(judgement.ratio, 2) == 0.77
-    assert "rises 0.77 of the spike's height" in judgement.describe()
+    assert judgement.still_spikes and round(judgement.ratio, 2) == 0.85
+    said = "rises 0.85 of the spike's height (loss 0.0161 at step 172 (2.66x its median 0.00606)"
+    assert said in judgement.describe()
     assert "the spike is still there (bar 0.5)" in judgement.describe()
-    assert not Judgement("loss", replay, spike, 0.8).still_spikes
+    assert not Judgement("loss", replay, spike, 0.9).still_spikes
     assert Judgement.of(judgement.to_dict()) == judgement
 
 

@@ -291,7 +291,8 @@ def test_the_no_spike_advice_names_options_that_exist() -> None:
 
 
 def replay(flagged: list[int], height: float, at_spike: bool = False) -> Replay:
-    """A replay of plain numbers whose loss rose ``height`` over a median of 2."""
+    """A replay of plain numbers whose loss rose ``height`` over a median of 2 (a rise of
+    ln((2 + height) / 2): 10 is ln 6)."""
     rises = {"loss": Rise(30, 2.0 + height, 2.0)}
     spike = {"loss": height} if at_spike else {}
     return Replay(
@@ -309,8 +310,8 @@ def judged_against(same: Replay, *heights: float, bar: float = 0.5) -> list[Repl
 
 def test_recurrence_needs_half_the_spikes_rise_flagged_or_not() -> None:
     same = replay([28], 10.0, at_spike=True)
-    assert verdict_cause(28, same, judged_against(same, 1.0)) == "data-caused"  # a tenth
-    assert verdict_cause(28, same, judged_against(same, 5.0)) == "state-caused"  # half
+    assert verdict_cause(28, same, judged_against(same, 1.0)) == "data-caused"  # 0.23
+    assert verdict_cause(28, same, judged_against(same, 5.0)) == "state-caused"  # 0.70
     low = judged_against(same, 1.0, bar=0.1)
     assert verdict_cause(28, same, low, recurrence=0.1) == "state-caused"
     assert verdict_cause(28, same, judged_against(same, 0.0)) == "data-caused"

@@ -112,9 +112,10 @@ def seed_cells(config: StudyConfig, reference: dict[str, Any]) -> list[Cell]:
     base = seed_dir(m, d)
     cells = [Cell(f"{base}/{kind}", kind, m, d, cost, plan) for kind in REMEDIES]
     if plan["onset"] is not None:
-        # Three replays of about the spike's distance from the checkpoint and 20 steps on.
+        # Four replays (same data, three other-data windows) of about the spike's
+        # distance from the checkpoint and 20 steps on.
         replay = plan["onset"] - plan["ckpt_step"] + 20
-        cells.append(Cell(f"{base}/diagnose", "diagnose", m, d, 3 * replay, plan))
+        cells.append(Cell(f"{base}/diagnose", "diagnose", m, d, 4 * replay, plan))
     return cells
 
 
@@ -265,5 +266,6 @@ def _diagnose(config: StudyConfig, cell: Cell) -> dict[str, Any]:
         "spike_step": verdict.spike_step,
         "ckpt_step": verdict.ckpt_step,
         "evidence": list(verdict.evidence),
+        "rise_ratios": [other.ratio for other in verdict.other_data],
         "val_bpc": math.nan,
     }

@@ -102,7 +102,12 @@ class Verdict:
     """The module's extra columns (``ToolFacts.columns``): the replays' ``extra``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The verdict as plain data (``--json``), each judgement with its ratio."""
+        data = asdict(self)
+        for replay, record in zip(self.other_data, data["other_data"], strict=True):
+            if replay.judgement is not None:
+                record["judgement"] = replay.judgement.to_dict()
+        return data
 
 
 def cause_from_same_data(spike_step: int, same: Replay) -> Cause | None:

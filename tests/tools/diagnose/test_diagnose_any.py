@@ -367,7 +367,10 @@ def test_the_command_line_takes_class_paths_and_a_config_file(
     verdict = cli_main([*argv, "--spike_step", str(SPIKE), "--json", str(tmp_path / "v.json")])
     assert verdict.cause == "data-caused", verdict.evidence
     assert "Verdict: data-caused" in capsys.readouterr().out
-    assert json.loads((tmp_path / "v.json").read_text())["cause"] == "data-caused"
+    written = json.loads((tmp_path / "v.json").read_text())
+    assert written["cause"] == "data-caused"
+    ratios = [o["judgement"]["ratio"] for o in written["other_data"]]  # each window's, read
+    assert ratios == [o.ratio for o in verdict.other_data] and len(ratios) == 3
     # The same on the command line alone, the other cause: without the poison
     argv = ["diagnose", "--ckpt_path", str(ckpt), "--spike_step", str(SPIKE), "--model", JUMP]
     argv += ["--data", DATA, "--window_after", "10", "--horizon", "4", "--detector.ratio", "3"]

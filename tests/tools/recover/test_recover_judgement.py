@@ -2,12 +2,13 @@
 (issue 64): a remedy that only damps the spike under the detector's threshold, which one
 threshold alone accepted, is rejected, and the log says why with the ratio. The module
 is ``JumpRegressor`` (its LR x20 for three steps from step 30: state-caused); the damping
-remedy is gradient clipping at 0.85, which lowers the step-31 loss from 7.47 to 5.17 (a
-rise 0.69 of the spike's, on this AMD EPYC VM) under the threshold of a ratio-35 detector
-(about 6.4); a tenth of the LR removes it."""
+remedy is gradient clipping at 0.85, which lowers the step-31 loss from 7.47 (41x its
+median) to 5.17 (29x: a rise 0.91 of the spike's, on this AMD EPYC VM) under the threshold
+of a ratio-35 detector (about 6.4); a tenth of the LR removes it."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ def test_a_remedy_that_damps_the_spike_under_the_threshold_is_rejected(tmp_path:
     assert intervention.spike.step == JUMP_STEP + 1 and intervention.spike_rise is not None
     clipped = ledger.branch("spike1/clip")
     assert clipped.judgement is not None and clipped.judgement.still_spikes
-    assert 0.5 <= clipped.judgement.ratio < 0.9, clipped.judgement
+    # 29x its median against the spike's 41x: most of it (0.91; as a difference, 0.69)
+    assert 0.85 < clipped.judgement.ratio < 1.0, clipped.judgement
     # Not a flag that stopped it: the detector saw nothing over its threshold
     assert clipped.absorbed == [] and clipped.unrecovered == []
     assert clipped.judgement.rise.value < intervention.spike.value
@@ -65,8 +67,8 @@ def test_a_remedy_that_damps_the_spike_under_the_threshold_is_rejected(tmp_path:
 
 
 def test_the_bar_is_one_option_on_the_command_line(tmp_path: Path) -> None:
-    """``--recurrence``: at 0.8 the clipped branch's 0.69 is under it and accepted; at the
-    default it is not."""
+    """``--recurrence``: at 0.95 the clipped branch's 0.91 is under it and accepted; at
+    the default it is not."""
     from lit_spikes.tools.cli import main
 
     config = damped_config(tmp_path / "unused")
@@ -76,9 +78,9 @@ def test_the_bar_is_one_option_on_the_command_line(tmp_path: Path) -> None:
     argv += ["4096", "--max_steps", str(STEPS), "--checkpoint_every", "10", "--val_every"]
     argv += ["null", "--detector.ratio", "35", "--rollback_distance", "5", "--accept_margin"]
     argv += ["5", "--ladder", rungs]
-    lenient = main([*argv, "--recurrence", "0.8", "--log_root", str(tmp_path / "lenient")])
+    lenient = main([*argv, "--recurrence", "0.95", "--log_root", str(tmp_path / "lenient")])
     assert lenient is not None and lenient.ledger.interventions[0].accepted == "spike1/clip"
-    assert "the spike is gone (bar 0.8)" in outcome(lenient, "clip")
+    assert "the spike is gone (bar 0.95)" in outcome(lenient, "clip")
     strict = main([*argv, "--log_root", str(tmp_path / "strict")])
     assert strict is not None and strict.ledger.interventions[0].accepted is None
     assert "the spike is still there (bar 0.5)" in outcome(strict, "clip")
@@ -94,7 +96,7 @@ def test_the_gate_measures_from_the_lineage_before_the_branch() -> None:
         check.add({"step": step, "loss": 4.0 if step == 31 else 0.2})
     judgement = check.judge(35)
     assert judgement is not None and judgement.rise == Rise(31, 4.0, 0.2)
-    assert judgement.still_spikes and round(judgement.ratio, 3) == round(3.8 / 6.8, 3)
+    assert judgement.still_spikes and judgement.ratio == math.log(20.0) / math.log(35.0)
     check.add({"step": 36, "other": 1.0})  # a record without the judged name: not a step
     check.add({"step": 37, "loss": 9.0, "skipped": 1.0})  # SkipStep dropped its update
     assert max(check.curve) == 35
