@@ -326,6 +326,34 @@ def test_recurrence_needs_half_the_spikes_rise_flagged_or_not() -> None:
         DiagnoseConfig(recurrence=0)
 
 
+def windows_of(same: Replay, *heights: float) -> list[Replay]:
+    others = judged_against(same, *heights)
+    for index, other in enumerate(others):
+        other.skipped = (23, 54 + 31 * index)
+    return others
+
+
+def test_split_windows_are_said_with_what_would_settle_them() -> None:
+    from lit_spikes.tools.diagnose import build_parser, explain
+
+    same = replay([28], 10.0, at_spike=True)
+    config = DiagnoseConfig()
+    lines = explain.other_data_lines(28, same, windows_of(same, 9.0, 1.0, 0.0), 28, config)
+    assert [line[:5] for line in lines[:3]] == ["(b1) ", "(b2) ", "(b3) "]
+    assert "positions 23-53 skipped" in lines[0] and "positions 23-84 skipped" in lines[1]
+    assert "it rises 0.95 of the spike's height" in lines[0]
+    assert "the spike is still there (bar 0.5)" in lines[0]
+    assert "the spike is gone (bar 0.5)" in lines[1] and "the spike is gone" in lines[2]
+    assert lines[3].startswith("The other-data replays disagree: 1 of 3 bring the spike back")
+    assert "the median of their ratios, 0.23, decides" in lines[3]
+    usage = " ".join(build_parser().format_help().split())
+    named = re.findall(r"--[a-z_.-]+", lines[3])
+    assert named == ["--windows", "--earlier_ckpt_path"]
+    assert [name for name in named if f"{name} " not in usage] == []  # options that exist
+    agree = explain.other_data_lines(28, same, windows_of(same, 0.0, 0.0, 1.0), 28, config)
+    assert agree[3] == "All 3 other-data replays leave the spike out (median ratio 0.00)."
+
+
 @pytest.mark.parametrize("tool", [RecoverConfig, DiagnoseConfig])
 def test_a_bad_thread_count_is_refused_naming_the_field(tool: Any) -> None:
     with pytest.raises(ValueError, match=rf"{tool.__name__}\.num_threads=0: give a whole number"):

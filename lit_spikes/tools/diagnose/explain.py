@@ -118,7 +118,7 @@ def other_data_lines(
             f"The other-data replays disagree: {back} of {len(others)} bring the spike back; "
             f"the median of their ratios, {ratio:.2f}, decides against the bar "
             f"{config.recurrence:g}. More windows (--windows {len(others) + 2}) or an earlier "
-            "checkpoint (--earlier_ckpt, replay (c)) would settle it."
+            "checkpoint (--earlier_ckpt_path, replay (c)) would settle it."
         )
     elif len(others) > 1:
         said = "bring the spike back" if back else "leave the spike out"

@@ -19,15 +19,15 @@ from tests.modules.recover_setup import scale_lr
 from tests.modules.spiky_modules import JumpRegressor, StepRegressionData
 
 JUMP_STEP, STEPS = 30, 50
+MODEL = f"{JumpRegressor.__module__}.JumpRegressor"
 CLIP = {"class_path": "lit_spikes.callbacks.ClipGradients", "init_args": {"value": 0.85}}
 
 
 def damped_config(root: Path, **changes: Any) -> RecoverConfig:
-    model = {"class_path": f"{JumpRegressor.__module__}.JumpRegressor"}
     data = {"class_path": f"{StepRegressionData.__module__}.StepRegressionData"}
     values: dict[str, Any] = {
         "log_root": root,
-        "model": {**model, "init_args": {"jump_step": JUMP_STEP}},
+        "model": {"class_path": MODEL, "init_args": {"jump_step": JUMP_STEP}},
         "data": {**data, "init_args": {"rows": 4096}},
         "max_steps": STEPS,
         "checkpoint_every": 10,
@@ -64,6 +64,22 @@ def test_a_remedy_that_damps_the_spike_under_the_threshold_is_rejected(tmp_path:
     assert events["rejected"]["rise_ratio"] == round(clipped.judgement.ratio, 3)
     accepted = ledger.branch("spike1/scale_lr").judgement
     assert accepted is not None and events["accepted"]["rise_ratio"] < 0.5
+
+
+def test_skipping_the_data_of_an_lr_jump_is_not_accepted(tmp_path: Path) -> None:
+    """The issue's case: skipping the data around an LR jump's spike (here one step of LR
+    x20) left a rise under the threshold (4.63 against 7.47 and a threshold of about 6.4:
+    26x its median against 41x), and one threshold accepted it. Skipping data cannot cure
+    an LR bug."""
+    skip = {"class_path": "lit_spikes.callbacks.BatchSkipper", "init_args": {"before": 2}}
+    one_step = {"class_path": MODEL, "init_args": {"jump_step": JUMP_STEP, "jump_length": 1}}
+    result = recover(damped_config(tmp_path / "skip", model=one_step, ladder=[skip, scale_lr(0.1)]))
+    skipped = result.ledger.branch("spike1/skip_data")
+    assert skipped.batches_skipped == 30 and skipped.judgement is not None
+    assert skipped.judgement.still_spikes and skipped.absorbed == []
+    assert skipped.judgement.rise.value < result.ledger.interventions[0].spike.value
+    assert outcome(result, "skip_data").startswith("rejected: no flag, but it rises 0.")
+    assert result.ledger.interventions[0].accepted == "spike1/scale_lr"
 
 
 def test_the_bar_is_one_option_on_the_command_line(tmp_path: Path) -> None:
