@@ -80,6 +80,7 @@ def _built(values: dict[str, Any]) -> dict[str, Any]:
         (["--no_spike_step", "60"], "no_spike_step=60 must be in"),
         (["--steps_per_run", "3"], "--steps_per_run"),
         (["--workers", "-1"], "workers=-1 must be >= 0"),
+        (["--recurrence", "0"], "recurrence=0.0 must be in (0, 1] (diagnose's bar)"),
     ],
 )
 def test_bad_options_exit_2_before_anything_is_written(

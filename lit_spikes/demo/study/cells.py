@@ -249,7 +249,7 @@ def _compare_with_reference(
 
 
 def _diagnose(config: StudyConfig, cell: Cell) -> dict[str, Any]:
-    from lit_spikes.tools.diagnose import diagnose
+    from lit_spikes.tools.diagnose import DiagnoseConfig, diagnose
 
     onset, k = cell.params["onset"], cell.params["ckpt_step"]
     ref_dir = config.log_root / seed_dir(cell.model_seed, cell.data_seed) / "reference"
@@ -258,6 +258,7 @@ def _diagnose(config: StudyConfig, cell: Cell) -> dict[str, Any]:
     verdict = diagnose(
         checkpoint_path(ref_dir, k),
         onset,
+        DiagnoseConfig(recurrence=config.recurrence),
         original_loss=original,
         log_root=config.log_root / cell.name,
     )

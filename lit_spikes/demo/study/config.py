@@ -98,6 +98,9 @@ class StudyConfig:
     """Gradient clipping norm of the clipping remedy."""
     lr_scale: float = 0.5
     """The LR remedy's factor (OPT halved it)."""
+    recurrence: float = 0.5
+    """diagnose's bar (its ``DiagnoseConfig.recurrence``, the one judgement recover
+    shares): an other-data replay rising this share of the spike's rise brings it back."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """The LR-sensitivity sweep."""
     leads: LeadConfig = field(default_factory=LeadConfig)
@@ -139,6 +142,8 @@ class StudyConfig:
             raise ValueError(f"workers={self.workers} must be >= 0 (0: one per core)")
         if not (self.clip_val > 0 and self.lr_scale > 0):
             raise ValueError("clip_val and lr_scale must be positive")
+        if not 0 < self.recurrence <= 1:
+            raise ValueError(f"recurrence={self.recurrence} must be in (0, 1] (diagnose's bar)")
         GPTConfig(n_layer=self.n_layer, d_model=self.d_model)  # its own checks
         self.optim()
 
