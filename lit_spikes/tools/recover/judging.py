@@ -11,7 +11,7 @@ from typing import Any
 
 from lit_spikes.callbacks import Spike
 from lit_spikes.tool_facts import ToolFacts
-from lit_spikes.tools.judgement import Rise, rise_in
+from lit_spikes.tools.judgement import Judgement, Rise, rise_in
 from lit_spikes.tools.recover.config import RecoverConfig
 from lit_spikes.tools.recover.gate import RiseCheck
 from lit_spikes.tools.recover.history import lineage_records
@@ -58,9 +58,21 @@ def rise_check(
     )
 
 
-def ratio_of(record: BranchRecord) -> dict[str, Any]:
-    """The branch's rise ratio for an event (``{}``: not judged; JSON has no inf)."""
-    if record.judgement is None:
+def flag_judgement(
+    ledger: Ledger, root: Path, config: RecoverConfig, facts: ToolFacts, branch: BranchRecord
+) -> Judgement | None:
+    """A remedy branch a new flag stopped: that flag's rise against its spike's, for the
+    log (None: no rise recorded to hold it against)."""
+    check = rise_check(ledger, root, config, facts, branch)
+    if check is None or branch.spike is None:
+        return None
+    rise = rise_in(check.curve, branch.spike.step, branch.spike.step, check.window)
+    return None if rise is None else Judgement(check.metric, rise, check.spike, check.bar)
+
+
+def ratio_of(judgement: Judgement | None) -> dict[str, Any]:
+    """A judgement's ratio for an event (``{}``: none; JSON has no inf)."""
+    if judgement is None:
         return {}
-    ratio = record.judgement.ratio
+    ratio = judgement.ratio
     return {"rise_ratio": round(ratio, 3) if math.isfinite(ratio) else "inf"}

@@ -45,7 +45,7 @@ from lit_spikes.tools.recover.history import (
     records_before,
     write_history,
 )
-from lit_spikes.tools.recover.judging import ratio_of, rise_check, spike_rise
+from lit_spikes.tools.recover.judging import flag_judgement, ratio_of, rise_check, spike_rise
 from lit_spikes.tools.recover.ledger import (
     LEDGER_NAME,
     BranchRecord,
@@ -311,10 +311,14 @@ class RecoveryLoop:
         assert branch.intervention is not None and branch.spike is not None
         intervention = self.ledger.interventions[branch.intervention]
         why = f"spike at step {branch.spike.step} ({branch.spike.metric} {branch.spike.value:.3f})"
-        if branch.judgement is not None and branch.judgement.still_spikes:
-            why = f"no flag, but it {branch.judgement.describe()}"
+        judged = branch.judgement  # set where no flag stopped it: its rise did
+        if judged is not None:
+            why = f"no flag, but it {judged.describe()}"
+        else:
+            judged = flag_judgement(self.ledger, self.root, self.config, self.facts, branch)
+            why += f", rising {judged.ratio:.2f} of the spike's height" if judged else ""
         intervention.outcomes[branch.name] = f"rejected: {why}"
-        self.event("rejected", save=False, branch=branch.name, reason=why, **ratio_of(branch))
+        self.event("rejected", save=False, branch=branch.name, reason=why, **ratio_of(judged))
         tried = len(intervention.tried)
         if tried >= len(self.config.ladder):
             self.give_up_intervention(intervention, "every remedy of the ladder spiked")
@@ -505,7 +509,7 @@ class RecoveryLoop:
             )
             if record.judgement is not None:
                 intervention.outcomes[record.name] += f"; it {record.judgement.describe()}"
-        self.event("accepted", branch=record.name, at_step=step, **ratio_of(record))
+        self.event("accepted", branch=record.name, at_step=step, **ratio_of(record.judgement))
 
     # -- comparison rows and the end
 

@@ -9,6 +9,7 @@ of a ratio-35 detector (about 6.4); a tenth of the LR removes it."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,20 @@ def test_skipping_the_data_of_an_lr_jump_is_not_accepted(tmp_path: Path) -> None
     assert skipped.judgement.rise.value < result.ledger.interventions[0].spike.value
     assert outcome(result, "skip_data").startswith("rejected: no flag, but it rises 0.")
     assert result.ledger.interventions[0].accepted == "spike1/scale_lr"
+
+
+def test_a_remedy_a_new_flag_stops_is_logged_with_its_ratio_too(tmp_path: Path) -> None:
+    """Three steps of LR x20: skipping 4 batches leaves the jump, whose step-32 loss of
+    37 is flagged; the log says how high it rose against the spike, as for the others."""
+    skip = {"class_path": "lit_spikes.callbacks.BatchSkipper", "init_args": {"before": 2}}
+    skip["init_args"]["length"] = 4
+    result = recover(damped_config(tmp_path / "flagged", ladder=[skip, scale_lr(0.1)]))
+    said = outcome(result, "skip_data")
+    expected = r"rejected: spike at step 32 \(loss 37\.\d+\), rising 1\.\d\d of the spike's height"
+    assert re.fullmatch(expected, said), said
+    (rejected,) = [e for e in result.ledger.events if e["event"] == "rejected"]
+    assert rejected["rise_ratio"] > 1.0
+    assert result.ledger.branch("spike1/skip_data").judgement is None  # a flag stopped it
 
 
 def test_the_bar_is_one_option_on_the_command_line(tmp_path: Path) -> None:
