@@ -353,20 +353,15 @@ class Replayer:
         detector = judging_detector(self.judge, checkpoint, first - k)
         continued = detector.state_in(checkpoint) is not None
         flagged: list[int] = []
-        excess: dict[str, float] = {}
         at_spike: dict[str, float] = {}
         for step in sorted(records):
             found = detector.check(step, records[step])
             if step >= first and found:
                 flagged.append(step)
-            for spike in found if step >= first else []:
-                metric, size = spike.metric, spike.rise
-                excess[metric] = max(excess.get(metric, -math.inf), size)
-                if step == self.spike_step:
-                    at_spike[metric] = size
+            if step == self.spike_step:
+                at_spike = {spike.metric: spike.rise for spike in found}
         judged = [records[s] for s in sorted(records) if s >= first]
-        rises = self._rises(checkpoint, records, first, detector.window)
-        at_step = self._rises(checkpoint, records, self.spike_step, detector.window, 0)
+        rises, at_step = self._rises(checkpoint, records, first, detector.window)
         loss = float(records[self.spike_step]["loss"])
         equal = bit_equal(loss, self.original)
         return Replay(
@@ -383,7 +378,6 @@ class Replayer:
             bit_equal=None if self.incomparable and not equal else equal,
             last_step=max(records),
             detector_from_checkpoint=continued,
-            excess=excess,
             spike_excess=at_spike,
             rises=rises,
             spike_rises=at_step,
@@ -395,25 +389,27 @@ class Replayer:
         records: dict[int, dict[str, float]],
         first: int,
         window: int,
-        steps: int | None = None,
-    ) -> dict[str, Rise]:
-        """Each monitored name's highest rise over ``steps`` steps from step ``first``
-        (None: to the end), over the median of the detector's window before each step:
-        the values before the checkpoint are the run's detector's (its state in the
-        file), else the run's logged loss."""
+    ) -> tuple[dict[str, Rise], dict[str, Rise]]:
+        """Each monitored name's highest rise from step ``first`` on, and its rise at the
+        spike's step, each over the median of the detector's window before the step: the
+        values before the checkpoint are the run's detector's (its state in the file),
+        else the run's logged loss."""
         k = int(checkpoint["global_step"])
-        state = self.judge.detector().state_in(checkpoint) or {}
-        recent = state.get("recent") or {}
+        recent = (self.judge.detector().state_in(checkpoint) or {}).get("recent") or {}
         logged = [v for step, v in sorted(self.logged.items()) if step < k]
         rises: dict[str, Rise] = {}
+        at_spike: dict[str, Rise] = {}
         for name in self.judge.monitors:
             curve = {s: float(r[name]) for s, r in records.items() if name in r}
-            prior = recent.get(name) or (logged if name in LOSS_TAGS else [])
-            last = max(records) if steps is None else first + steps
-            rise = rise_in(curve, first, last, window, prior[-window:])
-            if rise is not None:
-                rises[name] = rise
-        return rises
+            prior = (recent.get(name) or (logged if name in LOSS_TAGS else []))[-window:]
+            for found, start, end in (
+                (rises, first, max(records)),
+                (at_spike, self.spike_step, self.spike_step),
+            ):
+                rise = rise_in(curve, start, end, window, prior)
+                if rise is not None:
+                    found[name] = rise
+        return rises, at_spike
 
 
 def has_rng_states(checkpoint: dict[str, Any]) -> bool:

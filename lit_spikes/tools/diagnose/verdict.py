@@ -40,9 +40,6 @@ class Replay:
     detector_from_checkpoint: bool = False
     """The judging detector continued the run's own (its state was in the checkpoint);
     otherwise a fresh one with the configured settings and a shortened warm-up."""
-    excess: dict[str, float] = field(default_factory=dict)
-    """By monitored name, the largest rise above the detector's mean of a flagged step
-    (``rise``): how big the replay's biggest flag is."""
     spike_excess: dict[str, float] = field(default_factory=dict)
     """By monitored name flagged at the spike's step, that step's rise."""
     rises: dict[str, Rise] = field(default_factory=dict)
