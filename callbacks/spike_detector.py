@@ -15,8 +15,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lit_spikes.callbacks.common import check_finite_above, check_integer, make_state_key
-from lit_spikes.callbacks.curves import SpikeMarks
 from lit_spikes.callbacks.spike import Episode, Spike, group_episodes
+from lit_spikes.callbacks.spike_marks import SpikeMarks
 from lit_spikes.callbacks.watch import (
     GRAD_NORM,
     LOSS,
@@ -74,7 +74,7 @@ class SpikeDetector(Watcher):
     reference. Each spike (step, metric, value, reference) is kept in the callback's state,
     which survives checkpoints, and logged as ``spike/<metric>``; the onset of each
     episode (a spike and its aftermath, ``settle``) is drawn on the monitored curve's chart
-    (``SpikeMarks``). The values stay on the device and are read back every
+    as a dot, a one-point run ``spikes/step_<k>`` (``SpikeMarks``). The values stay on the device and are read back every
     ``read_every`` steps; a step is an optimizer step (under accumulation, the mean of its
     micro-batches' losses); under DDP every rank judges the same gathered value. How each
     rule behaves, and why these defaults: docs/detector.md.
@@ -108,9 +108,11 @@ class SpikeDetector(Watcher):
             spikes; ``onsets`` and the summary at the end of a fit count episodes.
         read_every: steps between the reads that bring the values back to judge them
             (None: 1 for ``action="stop"``, 50 for ``action="log"``).
-        curves: the TensorBoard tag of each monitored name's curve, whose chart shows its
-            spikes (default: the name itself; ``TinyGPTModule`` logs its loss as
-            ``train/loss``).
+        curves: the TensorBoard tag of a monitored name's curve, whose chart shows its
+            spikes (``TinyGPTModule`` logs its loss as ``train/loss``). Unstated, the
+            chart is found: for ``loss``, the name the module logs the same value under
+            (``self.log("train_loss", loss)``), else a ``loss`` curve the detector logs
+            itself; for a logged name, its own (``SpikeMarks``).
 
     Raises:
         ValueError: an argument out of range.
@@ -179,8 +181,10 @@ class SpikeDetector(Watcher):
         self.verbose, self.strict = verbose, strict
         default_every = 1 if action == "stop" else 50
         self.read_every = check_integer("read_every", read_every or default_every, 1)
-        self.curves = {m: (curves or {}).get(m, m) for m in self.monitors}
-        self._marks = SpikeMarks()
+        self.curves = dict(curves or {})
+        self._marks = SpikeMarks(self.monitors, self.curves)
+        self._feet: dict[tuple[int, str], float] = {}
+        """The last value before each flagged step, where its mark sits (``SpikeMarks``)."""
         self.spikes: list[Spike] = []
         """The flagged steps, oldest first (the latest ``max_records``)."""
         self.num_spikes = 0
@@ -296,6 +300,7 @@ class SpikeDetector(Watcher):
             if non_finite or (limit is not None and step >= self.min_step and value > limit):
                 ranks = None if rank_values is None else tuple(rank_values[metric])
                 found.append(Spike(step, metric, value, reference, rank_values=ranks))
+                self._feet[step, metric] = recent[-1] if recent else math.nan
             if math.isfinite(value):
                 self._recent[metric].append(value)
         self._seen += 1
@@ -330,6 +335,13 @@ class SpikeDetector(Watcher):
         parts = [values.reduced(self.reduce), values.present.any(0).double()]
         if trainer.world_size > 1:  # each rank's values too, to show which shard it was
             parts += [values.per_rank.flatten(), values.present.double().flatten()]
+        # At the fit's first step: which logged name the loss is (the marks' chart), read
+        # back with the step's values.
+        rank = trainer.global_rank if trainer.world_size > 1 else 0
+        loss = values.per_rank[rank, self.monitors.index(LOSS)] if LOSS in self.monitors else None
+        same = self._marks.observe(trainer, pl_module, loss)
+        if same is not None:
+            parts.append(same)
         self._pending.append((step, torch.cat(parts)))
         if self.read_every == 1:
             read_back(trainer)  # now, for a stop at the spike's own step
@@ -337,7 +349,11 @@ class SpikeDetector(Watcher):
     @override
     def take_rows(self, trainer: pl.Trainer | None, rows: list[tuple[int, list[float]]]) -> None:
         count, world = len(self.monitors), trainer.world_size if trainer is not None else 1
-        for step, row in rows:
+        width = 2 * count * (1 + world if world > 1 else 1)
+        for step, whole in rows:
+            row, same = whole[:width], whole[width:]
+            if same:  # the first step's comparison (``SpikeMarks.observe``)
+                self._marks.resolve(same)
             values = {m: row[i] for i, m in enumerate(self.monitors) if row[count + i]}
             per_rank: dict[str, list[float | None]] | None = None
             if world > 1:
@@ -348,7 +364,10 @@ class SpikeDetector(Watcher):
                     ]
                     for i, m in enumerate(self.monitors)
                 }
-            self._report(trainer, self.check(step, values, per_rank))
+            found = self.check(step, values, per_rank)
+            if trainer is not None:
+                self._marks.log_curves(trainer, step, values, bool(found))
+            self._report(trainer, found)
 
     def _report(self, trainer: pl.Trainer | None, found: list[Spike]) -> None:
         # Straight to the loggers at the spike's step: `self.log` would repeat the last
@@ -356,8 +375,9 @@ class SpikeDetector(Watcher):
         for spike in found:
             for logger in trainer.loggers if trainer is not None else []:
                 logger.log_metrics({f"spike/{spike.metric}": spike.value}, step=spike.step)
-            if trainer is not None and math.isfinite(spike.value) and self._starts_episode(spike):
-                self._marks.write(trainer, self.curves[spike.metric], spike.step, spike.value)
+            foot = self._feet.pop((spike.step, spike.metric), math.nan)
+            if trainer is not None and self._starts_episode(spike):
+                self._marks.write(trainer, spike.metric, spike.step, foot)
             if self.verbose:
                 rank_zero_info(describe_spike(spike, self.action))
         if found and self.action == "stop" and trainer is not None:
@@ -379,9 +399,9 @@ class SpikeDetector(Watcher):
             raise RuntimeError(not_logged(owner, missing, trainer, trainer.global_step - 1))
 
     @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().teardown(trainer, pl_module, stage)
-        self._marks.close()
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._marks.begin()
 
     @property
     def episodes(self) -> list[Episode]:

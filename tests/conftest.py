@@ -230,6 +230,16 @@ def tb_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+def tb_marks(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """The spike marks of a run directory (``SpikeMarks``: a one-point run per episode
+    onset under ``spikes/``), merged: ``(step, value)`` per tag, in step order."""
+    marks: dict[str, list[tuple[int, float]]] = {}
+    for run in sorted((Path(run_dir) / "spikes").glob("step_*")):
+        for tag, points in tb_scalars(run).items():
+            marks.setdefault(tag, []).extend(points)
+    return {tag: sorted(points) for tag, points in marks.items()}
+
+
 def tb_steps(run_dir: str | Path) -> dict[str, list[int]]:
     """The steps of each scalar tag of a run directory, in TensorBoard's order."""
     return {tag: [step for step, _ in values] for tag, values in tb_scalars(run_dir).items()}

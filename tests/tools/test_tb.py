@@ -15,7 +15,7 @@ from lit_spikes.demo.data import StepDataModule
 from lit_spikes.demo.module import LOGGED_AS, STEP_SCALARS, TinyGPTModule
 from lit_spikes.demo.tensorboard import HPARAM_METRIC
 from lit_spikes.shared.tb import RunLogger, flat_hparams
-from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, tb_scalars
+from tests.conftest import TINY_DATA, TINY_GPT, TINY_OPTIM, fit, tb_marks, tb_scalars
 
 STEP_TAGS = {"train/loss", "train/max_logit", "lr", "grad_norm", "data/position"}
 
@@ -166,9 +166,9 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
 
 def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: Path) -> None:
     """A user's regression with an 8x LR for 2 steps at step 112: the default rule flags
-    the jump and no healthy step; each episode's onset is a point of the sibling run
-    ``spikes`` under the curve's own tag (one chart in TensorBoard's Scalars view), its
-    aftermath no more marks; ``TrainingCurves`` logs
+    the jump and no healthy step; each episode's onset is a one-point run of its own
+    (``spikes/step_<k>``) under the curve's own tag, at the curve's foot, its aftermath no
+    more marks; ``TrainingCurves`` logs
     ``lr`` and ``grad_norm`` at Lightning's logging steps only."""
     from lit_spikes.callbacks import SpikeDetector
     from lit_spikes.callbacks.curves import TrainingCurves
@@ -189,10 +189,12 @@ def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: 
     trainer.fit(module, datamodule=StepRegressionData())
     spikes = [(s["step"], s["value"]) for s in detector.spikes]
     assert spikes and all(112 <= step < 125 for step, _ in spikes), spikes
-    marks = tb_scalars(tmp_path / "run" / "spikes")
+    marks = tb_marks(tmp_path / "run")
     assert list(marks) == ["loss"]
     onsets = [(s.step, s.value) for e in detector.episodes for s in [e.onset]]
-    assert marks["loss"] == [(step, float(np.float32(value))) for step, value in onsets]
+    assert [step for step, _ in marks["loss"]] == [step for step, _ in onsets]
+    feet = zip(marks["loss"], onsets, strict=True)
+    assert all(mark < value for (_, mark), (_, value) in feet)  # at its foot
     assert len(onsets) == 1
     scalars = tb_scalars(tmp_path / "run")
     logging_steps = list(range(9, 130, 10))

@@ -12,7 +12,7 @@ import pytest
 
 from lit_spikes import StepLoader
 from lit_spikes.callbacks import Episode, ExactResume, SpikeDetector
-from tests.conftest import tb_scalars
+from tests.conftest import tb_marks, tb_scalars
 from tests.modules.plain_runs import BATCH, loader, train
 from tests.modules.spiky_modules import JumpRegressor, StepRegressionData
 from tests.modules.user_modules import DropoutRegressor, PoisonedRows
@@ -122,7 +122,7 @@ def test_tensorboard_marks_each_episode_once_at_its_onset(tmp_path: Path) -> Non
     flagged = [41, 42, 43, 44, 45, 46]
     assert [s.step for s in detector.spikes] == flagged
     assert [step for step, _ in tb_scalars(tmp_path / "run")["spike/loss"]] == flagged
-    marks = tb_scalars(tmp_path / "run" / "spikes")
+    marks = tb_marks(tmp_path / "run")
     assert [step for step, _ in marks["loss"]] == detector.onsets == [41]
 
 
