@@ -74,10 +74,11 @@ class SpikeDetector(Watcher):
     reference. Each spike (step, metric, value, reference) is kept in the callback's state,
     which survives checkpoints, and logged as ``spike/<metric>``; the onset of each
     episode (a spike and its aftermath, ``settle``) is drawn on the monitored curve's chart
-    as a dot, a one-point run ``spikes/step_<k>`` (``SpikeMarks``). The values stay on the device and are read back every
-    ``read_every`` steps; a step is an optimizer step (under accumulation, the mean of its
-    micro-batches' losses); under DDP every rank judges the same gathered value. How each
-    rule behaves, and why these defaults: docs/detector.md.
+    as a dot, a one-point run ``spikes/step_<k>`` (``SpikeMarks``). The values stay on the
+    device and are read back every ``read_every`` steps; a step is an optimizer step
+    (under accumulation, the mean of its micro-batches' losses); under DDP every rank
+    judges the same gathered value. How each rule behaves, and why these defaults:
+    docs/detector.md.
 
     Args:
         monitor: what to watch, a name or a list: ``"loss"``, the loss ``training_step``
@@ -402,6 +403,13 @@ class SpikeDetector(Watcher):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         self._marks.begin()
+
+    @property
+    def charts(self) -> dict[str, str]:
+        """The TensorBoard tag of each watched name's curve, whose chart shows its marks
+        (``curves``, else found at the fit's first step: ``{"loss": "train_loss"}``;
+        empty before it)."""
+        return {metric: chart.tag for metric, chart in self._marks.charts().items()}
 
     @property
     def episodes(self) -> list[Episode]:

@@ -254,6 +254,12 @@ def note_grad_norm(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             record.grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
 
+def measured_grad_norm(trainer: pl.Trainer, step: int) -> torch.Tensor | None:
+    """The gradient norm ``note_grad_norm`` measured at ``step`` (on the device), or None."""
+    record = _STEPS.get(trainer)
+    return record.grad_norm if record is not None and record.step == step else None
+
+
 def _local(record: _Step, metrics: dict[str, Any], name: str, outputs: Any) -> Any:
     """This rank's value of ``name`` at the step of ``record``, or None."""
     if name == LOSS:

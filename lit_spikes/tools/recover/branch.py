@@ -15,7 +15,7 @@ import torch
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.callbacks import SpikeDetector
+from lit_spikes.callbacks import SpikeDetector, TrainingCurves
 from lit_spikes.checkpoints import newest_valid_checkpoint
 from lit_spikes.loader import PositionedData
 from lit_spikes.shared.training import CHECKPOINT_DIRNAME, RunSpec
@@ -108,7 +108,8 @@ def branch_run(
     progress_bar: bool,
 ) -> tuple[pl.LightningModule, pl.LightningDataModule, RunSpec]:
     """The module, data module and run of ``record``: the loop's ``callbacks`` (detector
-    first) with its lineage's remedies after the detector and ``ExactResume`` unless the
+    first) with its lineage's remedies after the detector, ``TrainingCurves`` (``lr`` and
+    ``grad_norm``, as ``fit`` logs them) and ``ExactResume`` unless the
     config opts out (a module's own replaces it), its model changes, and the Trainer
     arguments of the loop's processes; the module and data built after the config's
     seed."""
@@ -121,7 +122,9 @@ def branch_run(
         max_steps=config.steps,
         checkpoint_every=config.checkpoint_every,
         val_every=config.val_every,
-        callbacks=with_exact_resume([detector, *remedies, *rest], config.exact_resume),
+        callbacks=with_exact_resume(
+            [detector, *remedies, *rest, TrainingCurves()], config.exact_resume
+        ),
         progress_bar=progress_bar,
         trainer_kwargs=config.trainer_kwargs(),
         resume_step=resume_step,
@@ -177,6 +180,7 @@ def summarize(
             offset = data.position_of_step(before) - before
         record.batches_skipped = int(last["position"] - last["step"]) - offset
     record.skip_stepped = [s for s in skip_stepped(callbacks) if s >= record.start_step]
+    record.charts = detector.charts or record.charts  # a branch resumed past its spikes too
     own = [
         s.replace(position=positions.get(s.step))
         for s in detector.spikes

@@ -15,9 +15,15 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lit_spikes.callbacks import SkipStep
+from lit_spikes.callbacks import SkipStep, SpikeDetector
 from lit_spikes.callbacks.common import trainer_callbacks
-from lit_spikes.callbacks.watch import read_back
+from lit_spikes.callbacks.watch import (
+    GRAD_NORM,
+    LOSS,
+    measured_grad_norm,
+    note_grad_norm,
+    read_back,
+)
 from lit_spikes.loader import positioned
 from lit_spikes.tools.recover.ledger import Ledger, UnknownFormatVersion, atomic_write_text
 
@@ -167,7 +173,9 @@ class HistoryLog(Callback):
     as it happens, so a branch killed at any moment keeps what it trained.
 
     ``columns``: the module's comparison columns (``ToolFacts.columns``' keys), recorded
-    each step where the module logs them. Under DDP every rank runs it (the records hold
+    each step where the module logs them, as is each logged name a ``SpikeDetector`` of
+    the run watches, and the gradient norm (the accepted run's curves of them). Under DDP
+    every rank runs it (the records hold
     the global values, ``global_record``: the loss averaged over the ranks' shards, as the
     detector judges it, and each column's largest, from one ``all_gather`` per step) and
     rank 0 alone writes."""
@@ -176,7 +184,7 @@ class HistoryLog(Callback):
         self, path: Path, clock: StepClock, write: bool = True, columns: Sequence[str] = ()
     ) -> None:
         self.path, self.clock, self.write = path, clock, write
-        self.columns = tuple(columns)
+        self.columns = self._given = tuple(columns)
         self.last: dict[str, Any] | None = None
         """The last step's record (its global values, on every rank)."""
         self._handle: Any = None
@@ -193,10 +201,30 @@ class HistoryLog(Callback):
         self._handle.flush()
 
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        watched = [
+            name
+            for callback in trainer_callbacks(trainer)
+            if isinstance(callback, SpikeDetector)
+            for name in callback.monitors
+            if name not in (LOSS, GRAD_NORM)
+        ]
+        self.columns = tuple(dict.fromkeys([*self._given, *watched]))
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        note_grad_norm(trainer, pl_module)  # once a step for every watcher, before clipping
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
         record = step_record(trainer, pl_module, outputs, self.clock, self.columns)
+        norm = measured_grad_norm(trainer, self.clock.step)
+        if GRAD_NORM not in record and norm is not None:
+            record[GRAD_NORM] = float(norm)  # the same on every rank: gradients reduced
         if trainer.world_size > 1:
             row = [record["loss"], *(record.get(key, math.nan) for key in self.columns)]
             local = torch.tensor(row, dtype=torch.float64)

@@ -16,7 +16,7 @@ from lit_spikes.shared.plain import plain_config
 from lit_spikes.tools.judgement import Judgement, Rise
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 5
+LEDGER_VERSION = 6
 """The ledger format this code writes. Version 2: the config names the model and data by
 class path (``model``, ``data``), the ladder's rungs and each branch's remedies are
 callbacks as ``{"class_path", "init_args"}``, comparison rows hold one ``measure`` of
@@ -26,8 +26,10 @@ rows' columns its ``cells``; no ``val_bpc``, ``max_logit`` or ``max_logit_after`
 Version 4: a comparison variant's branch holds ``model_changes`` (the module's
 ``init_args`` it changes) for version 3's ``gpt_changes`` (the demo's ``gpt`` alone).
 Version 5: an intervention holds its spike's rise (``spike_rise``), a remedy branch its
-judgement against it (``judgement``: the ratio that accepted or rejected it)."""
-LEDGER_VERSIONS = (2, 3, 4, 5)
+judgement against it (``judgement``: the ratio that accepted or rejected it).
+Version 6: a branch holds the TensorBoard tag of each curve its detector marked
+(``charts``), the accepted run's tags."""
+LEDGER_VERSIONS = (2, 3, 4, 5, 6)
 """The ledger formats this code reads (a version-1 ledger is refused by its number)."""
 
 
@@ -111,6 +113,9 @@ class BranchRecord:
     judgement: Judgement | None = None
     """A remedy branch's rise against its spike's as it reached ``accept_after``: under
     the bar it was accepted, at or over it rejected (None: not judged so far)."""
+    charts: dict[str, str] = field(default_factory=dict)
+    """The tag of each curve its detector watched, whose chart shows its marks
+    (``SpikeDetector.charts``: ``{"loss": "train_loss"}``)."""
 
 
 @dataclass

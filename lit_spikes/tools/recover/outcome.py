@@ -4,12 +4,15 @@ the lineage stitched into one TensorBoard run."""
 
 from __future__ import annotations
 
+import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_spikes.callbacks.spike import Spike
+from lit_spikes.callbacks.spike import Spike, group_episodes
+from lit_spikes.callbacks.spike_detector import DEFAULT_SETTLE
+from lit_spikes.callbacks.spike_marks import mark_run
 from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.recover.history import lineage_records
 from lit_spikes.tools.recover.ledger import Ledger, Totals
@@ -129,15 +132,18 @@ def comparison_rows(
 
 
 STITCHED_TAGS = {
-    "loss": "train/loss", "position": "data/position", "lr": "lr", "grad_norm": "grad_norm"
+    "loss": "loss", "position": "data/position", "lr": "lr", "grad_norm": "grad_norm"
 }  # fmt: skip
-"""The tag of each per-step record key the stitched run logs for any module."""
+"""The tag of each per-step record key the stitched run logs for any module (``loss``:
+where no branch's detector found the module's own chart of it, as the detector logs it)."""
 
 
-def stitched_tags(facts: ToolFacts) -> dict[str, str]:
+def stitched_tags(facts: ToolFacts, charts: Mapping[str, str] | None = None) -> dict[str, str]:
     """Record key -> tag of the stitched run: ``STITCHED_TAGS``, the module's extra
-    columns' keys, and the module's own tags over them (``ToolFacts.curves``)."""
-    return {**STITCHED_TAGS, **{c.key: c.key for c in facts.columns}, **facts.curves}
+    columns' keys, the module's own tags over them (``ToolFacts.curves``), and the charts
+    the branches' detectors marked (``BranchRecord.charts``): the branches' tags."""
+    columns = {c.key: c.key for c in facts.columns}
+    return {**STITCHED_TAGS, **columns, **facts.curves, **(charts or {})}
 
 
 def write_stitched_run(
@@ -145,11 +151,13 @@ def write_stitched_run(
     records: Sequence[dict[str, Any]],
     spikes: Sequence[Spike] = (),
     facts: ToolFacts | None = None,
+    charts: Mapping[str, str] | None = None,
 ) -> None:
-    """Write the accepted lineage as one TensorBoard run, each step once: the module's
+    """Write the accepted lineage as one TensorBoard run, each step once: the branches'
     tags (``stitched_tags``), validation at the index of its last step (as Lightning
-    logs it)."""
-    tags = stitched_tags(facts or ToolFacts())
+    logs it), ``spike/<metric>`` at each of ``spikes`` and each episode's mark (a
+    one-point run at the curve's foot, as ``SpikeDetector`` draws it)."""
+    tags = stitched_tags(facts or ToolFacts(), charts)
     from torch.utils.tensorboard import SummaryWriter
 
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -172,6 +180,14 @@ def write_stitched_run(
             writer.add_scalar(f"spike/{spike.metric}", spike.value, spike.step)
     finally:
         writer.close()
+    by_step = {int(r["step"]): r for r in records if "step" in r}
+    for episode in group_episodes(spikes, DEFAULT_SETTLE):
+        onset = episode.onset
+        foot = by_step.get(onset.step - 1, {}).get(onset.metric)
+        if foot is not None and math.isfinite(foot):
+            mark = SummaryWriter(log_dir=str(run_dir / mark_run(onset.step)))
+            mark.add_scalar(tags.get(onset.metric, onset.metric), float(foot), onset.step)
+            mark.close()
 
 
 def conclude(
@@ -181,4 +197,5 @@ def conclude(
     lineage (``records``) as the stitched TensorBoard run ``<root>/accepted``."""
     ledger.totals = totals(ledger, records, final, facts)
     ledger.comparison = comparison_rows(ledger, root, records, facts)
-    write_stitched_run(root / ACCEPTED_RUN, records, ledger.totals.unrecovered, facts)
+    charts = next((b.charts for b in ledger.branches if b.charts), {})  # the base run's
+    write_stitched_run(root / ACCEPTED_RUN, records, ledger.totals.unrecovered, facts, charts)
