@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Pins every package to the versions CI uses; torch 2.13.0 is the CPU build on these machines.
 CONSTRAINTS := constraints.txt
 
-.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean study diagnose-panel
+.PHONY: install demo figures test test-fast lint bench gpu-check mutations tensorboard clean study diagnose-panel tensorboard-check
 
 install: $(STAMP)
 
@@ -76,6 +76,12 @@ mutations: $(STAMP)
 # diagnose on spikes planted in two modules of the tests' (docs/recover-and-diagnose.md)
 diagnose-panel: $(STAMP)
 	PYTHONPATH=. $(BIN)/python scripts/diagnose_panel.py
+
+# What a person sees in TensorBoard of a user's module (fit and recover): read with
+# TensorBoard's reader, then in headless Chromium where installed (apt install chromium);
+# screenshots in runs/tensorboard_check (TB_ARGS="--out docs/figures/tensorboard": the docs').
+tensorboard-check: $(STAMP)
+	PYTHONPATH=. $(BIN)/python scripts/tensorboard_check.py $(TB_ARGS)
 
 tensorboard: $(STAMP)
 	$(BIN)/tensorboard --logdir runs
