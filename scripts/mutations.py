@@ -46,6 +46,7 @@ BATCH = "tests/library/callbacks/test_batch_skipper.py::"
 SKIP = "tests/library/callbacks/test_skip_step.py::"
 DETECTOR = "tests/library/callbacks/test_spike_detector.py::"
 EPISODES = "tests/library/callbacks/test_spike_episodes.py::"
+MARKS = "tests/library/callbacks/test_spike_marks.py::"
 INVARIANCE = "tests/library/test_invariance.py::"
 RESUMED_EPOCH = "tests/library/test_resumed_epoch.py::"
 GENERATORS = "tests/library/test_module_generators.py::"
@@ -774,6 +775,34 @@ MUTATIONS = [
         (
             EPISODES + "test_the_spikes_slice_as_the_docstring_shows_and_keep_the_latest",
             DETECTOR + "test_the_detector_state_is_bounded_however_long_the_run",
+        ),
+    ),
+    Mutation(
+        "marks_at_the_spikes_height",  # the mark where the default scaling crops it
+        "callbacks/spike_detector.py",
+        "                self._marks.write(trainer, spike.metric, spike.step, foot)\n",
+        "                self._marks.write(trainer, spike.metric, spike.step, spike.value)\n",
+        (
+            MARKS + "test_marks_of_the_returned_loss_land_on_the_users_train_loss",
+            "tests/library/callbacks/test_spike_episodes.py::"
+            "test_tensorboard_marks_each_episode_once_at_its_onset",
+        ),
+    ),
+    Mutation(
+        "marks_miss_the_users_loss_chart",  # the returned loss's own chart, not train_loss
+        "callbacks/spike_marks.py",
+        "            for name in equal:  # the forked name is the one the loggers get\n",
+        "            for name in []:\n",
+        (MARKS + "test_marks_of_the_returned_loss_land_on_the_users_train_loss",),
+    ),
+    Mutation(
+        "stitched_run_ignores_the_branches_charts",  # the accepted run's loss as 'loss'
+        "lit_spikes/tools/recover/outcome.py",
+        "(b.charts for b in ledger.branches if b.charts), {})",
+        "(b.charts for b in ledger.branches if not b), {})",
+        (
+            "tests/tools/recover/test_recover_tensorboard.py::"
+            "test_every_run_of_the_loop_logs_the_same_tags",
         ),
     ),
     Mutation(
