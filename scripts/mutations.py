@@ -784,8 +784,8 @@ MUTATIONS = [
         "                self._marks.write(trainer, spike.metric, spike.step, spike.value)\n",
         (
             MARKS + "test_marks_of_the_returned_loss_land_on_the_users_train_loss",
-            "tests/library/callbacks/test_spike_episodes.py::"
-            "test_tensorboard_marks_each_episode_once_at_its_onset",
+            "tests/tools/test_tb.py::"
+            "test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm",
         ),
     ),
     Mutation(
