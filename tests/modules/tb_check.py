@@ -45,6 +45,9 @@ SHARED = ("train_loss", "lr", "grad_norm", "val_loss")
 """The tags every run of recover's loop logs."""
 RECOVER_RUNS = ("base", "spike1/skip_data", "compare/do_nothing", "accepted")
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+PAGE = "forceSVG=true&tagFilter=train_loss#timeseries"
+"""The Time Series page at its defaults, its charts drawn as SVG (headless Chromium has no
+WebGL for them) and filtered to the user's loss."""
 
 
 class CheckFailed(AssertionError):
@@ -153,17 +156,19 @@ def served(logdir: Path, runs: Sequence[str] = ()) -> Iterator[str]:
         server.wait(timeout=30)
 
 
-def page(command: str, url: str, screenshot: Path, tries: int = 5) -> str:
+def page(command: str, url: str, screenshot: Path, tries: int = 5) -> tuple[str, int]:
     """The page at ``url`` after its scripts ran (its DOM), and its screenshot once its
     chart is drawn (headless Chromium sometimes captures the card before its data came:
-    tried again, up to ``tries`` times). The charts drawn as SVG (``forceSVG``):
-    headless Chromium has no WebGL to draw them with."""
+    tried again, up to ``tries`` times), and the tries the screenshot took. The charts
+    drawn as SVG (``forceSVG``): headless Chromium has no WebGL to draw them with."""
     flags = [command, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
     flags += ["--window-size=1000,640"]
-    for attempt in range(tries):
-        budget = f"--virtual-time-budget={20000 + 10000 * attempt}"
+    taken = 0
+    while taken < tries:
+        budget = f"--virtual-time-budget={20000 + 10000 * taken}"
         run = [*flags, budget, f"--screenshot={screenshot}", url]
         subprocess.run(run, capture_output=True, timeout=180)
+        taken += 1
         if screenshot.is_file() and drawn(screenshot):
             break
         time.sleep(3)
@@ -174,20 +179,27 @@ def page(command: str, url: str, screenshot: Path, tries: int = 5) -> str:
         dom = subprocess.run(run, capture_output=True, timeout=180, text=True).stdout
         if "defaultExperimentId/" in dom:
             break
-    return dom
+    return dom, taken
 
 
 FIRST_COLOUR, MARK_COLOUR = (0x42, 0x50, 0x66), (0x12, 0xB5, 0xCB)
 """TensorBoard's colours of a logdir's first and second runs (its palette's slate and
 cyan): the fit page's run itself and its marks run."""
-CHART_LEFT = 300
-"""Pixels right of which the chart lies, at the screenshots' width (1000): the run list
-and the chart's legend dots lie left of it."""
+CHART = (280, 200, 740, 470)
+"""The plot area of the one chart on the page, ``(left, top, right, bottom)`` in pixels at
+the screenshots' size (1000 x 640): right of the run list and the chart's legend dots,
+left of the settings panel, between the card's title and its legend table (the toolbar's
+icons above are of the first run's slate too)."""
+
+
+def in_chart(dot: tuple[int, int]) -> bool:
+    left, top, right, bottom = CHART
+    return left < dot[0] < right and top < dot[1] < bottom
 
 
 def drawn(screenshot: Path) -> bool:
     """Whether the first run's curve is drawn in the chart of ``screenshot``."""
-    return any(x > CHART_LEFT for x, _ in dots(screenshot, FIRST_COLOUR))
+    return any(in_chart(dot) for dot in dots(screenshot, FIRST_COLOUR))
 
 
 def dots(screenshot: Path, colour: tuple[int, int, int]) -> list[tuple[int, int]]:
@@ -232,13 +244,19 @@ def browser_checks(fit_root: Path, recover_root: Path, out: Path) -> list[str]:
         ("recover", recover_root, [*RECOVER_RUNS, f"base/{mark_run(POISON)}"]),
     ):
         shot = out / f"{name}.png"
-        with served(logdir, runs) as url:
-            dom = page(command, f"{url}/?forceSVG=true&tagFilter=train_loss#timeseries", shot)
-        lines.append(_expect(shot.is_file(), f"{name}: screenshot {shot}"))
+        server = 0
+        while server < 3:  # a server whose page stays empty is started anew (seen)
+            server += 1
+            with served(logdir, runs) as url:
+                dom, taken = page(command, f"{url}/?{PAGE}", shot, tries=2)
+            if shot.is_file() and drawn(shot):
+                break
+        where = f"server {server}, try {taken}"
+        lines.append(_expect(shot.is_file(), f"{name}: screenshot {shot} ({where})"))
         for run in runs:
             lines.append(_expect(f'/{run}"' in dom, f"{name}: run {run} listed"))
     for name in ("fit", "recover"):
         lines.append(_expect(drawn(out / f"{name}.png"), f"{name}: the train_loss chart drawn"))
-    marks = [x for x, _ in dots(out / "fit.png", MARK_COLOUR) if x > CHART_LEFT]
+    marks = [x for x, y in dots(out / "fit.png", MARK_COLOUR) if in_chart((x, y))]
     lines.append(_expect(len(marks) == 1, f"fit: the mark's dot drawn in the chart, at x={marks}"))
     return lines

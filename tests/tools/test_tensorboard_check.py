@@ -1,11 +1,9 @@
 """The TensorBoard check (scripts/tensorboard_check.py, tests/modules/tb_check.py): its
-reader half in CI, its browser half where Chromium is installed and LIT_SPIKES_BROWSER=1
-(skipped by name where not: headless Chromium sometimes captures the page before its chart
-is drawn, and the script's retries take minutes at worst)."""
+reader half in CI, its browser half where Chromium is installed (skipped by name where
+not)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -52,8 +50,6 @@ def test_the_browser_half_sees_the_mark_on_the_users_chart(
 ) -> None:
     if browser() is None:
         pytest.skip("the browser half: no Chromium installed (apt install chromium)")
-    if os.environ.get("LIT_SPIKES_BROWSER") != "1":
-        pytest.skip("the browser half: LIT_SPIKES_BROWSER=1 runs it (make tensorboard-check does)")
     lines = browser_checks(*trained, tmp_path)
     assert lines[-1].startswith("ok: fit: the mark's dot drawn in the chart")
     assert (tmp_path / "fit.png").is_file() and (tmp_path / "recover.png").is_file()
