@@ -74,10 +74,11 @@ class SpikeDetector(Watcher):
     reference. Each spike (step, metric, value, reference) is kept in the callback's state,
     which survives checkpoints, and logged as ``spike/<metric>``; the onset of each
     episode (a spike and its aftermath, ``settle``) is drawn on the monitored curve's chart
-    as a dot, a one-point run ``spikes/step_<k>`` (``SpikeMarks``). The values stay on the
-    device and are read back every ``read_every`` steps; a step is an optimizer step
-    (under accumulation, the mean of its micro-batches' losses); under DDP every rank
-    judges the same gathered value. How each rule behaves, and why these defaults:
+    as a dot at its reference, a one-point run ``spikes/step_<k>`` (``SpikeMarks``). The
+    values stay on the device and are read back every ``read_every`` steps; a step is an
+    optimizer step (under accumulation, the mean of its micro-batches' losses); under DDP
+    every rank judges the same gathered value. How each rule behaves, and why these
+    defaults:
     docs/detector.md.
 
     Args:
@@ -184,8 +185,6 @@ class SpikeDetector(Watcher):
         self.read_every = check_integer("read_every", read_every or default_every, 1)
         self.curves = dict(curves or {})
         self._marks = SpikeMarks(self.monitors, self.curves)
-        self._feet: dict[tuple[int, str], float] = {}
-        """The last value before each flagged step, where its mark sits (``SpikeMarks``)."""
         self.spikes: list[Spike] = []
         """The flagged steps, oldest first (the latest ``max_records``)."""
         self.num_spikes = 0
@@ -301,7 +300,6 @@ class SpikeDetector(Watcher):
             if non_finite or (limit is not None and step >= self.min_step and value > limit):
                 ranks = None if rank_values is None else tuple(rank_values[metric])
                 found.append(Spike(step, metric, value, reference, rank_values=ranks))
-                self._feet[step, metric] = recent[-1] if recent else math.nan
             if math.isfinite(value):
                 self._recent[metric].append(value)
         self._seen += 1
@@ -376,9 +374,8 @@ class SpikeDetector(Watcher):
         for spike in found:
             for logger in trainer.loggers if trainer is not None else []:
                 logger.log_metrics({f"spike/{spike.metric}": spike.value}, step=spike.step)
-            foot = self._feet.pop((spike.step, spike.metric), math.nan)
             if trainer is not None and self._starts_episode(spike):
-                self._marks.write(trainer, spike.metric, spike.step, foot)
+                self._marks.write(trainer, spike.metric, spike.step, spike.reference)
             if self.verbose:
                 rank_zero_info(describe_spike(spike, self.action))
         if found and self.action == "stop" and trainer is not None:

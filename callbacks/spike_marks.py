@@ -11,9 +11,11 @@ they were found on, for any module, read as markers under TensorBoard's default 
 - **How a mark looks.** Each episode onset is a run of its own, ``<log_dir>/spikes/step_<k>``,
   holding one point: TensorBoard draws a one-point series as a dot, and smoothing (0.6 by
   default) leaves a single point where it is; several points in one run were drawn as a
-  smoothed line. The dot sits where the curve stood before it rose (its last value before
-  the onset): the spike's own value lies outside the range TensorBoard's default "Ignore
-  outliers in chart scaling" keeps, and a mark at that height was cropped with it.
+  smoothed line. The dot sits at the level the curve rose from, the spike's reference (the
+  median of the detector's window, or its mean for a ``ratio`` or ``z_score`` rule): the
+  spike's own value lies outside the range TensorBoard's default "Ignore outliers in chart
+  scaling" keeps, and a mark at that height was cropped with it; so was one at the curve's
+  last value before the onset where the loss had begun to rise there (the demo's 147).
 
 Seen in headless Chromium: docs/detector.md, scripts/tensorboard_check.py.
 """
@@ -149,14 +151,15 @@ class SpikeMarks:
             for logger in trainer.loggers:
                 logger.log_metrics(own, step=step)
 
-    def write(self, trainer: pl.Trainer, metric: str, step: int, foot: float) -> None:
-        """The mark of an episode onset of ``metric`` at ``step``, at ``foot`` (the curve's
-        last value before it): a one-point run of its own, under each TensorBoard logger."""
+    def write(self, trainer: pl.Trainer, metric: str, step: int, level: float) -> None:
+        """The mark of an episode onset of ``metric`` at ``step``, at ``level`` (the level
+        it rose from: the spike's reference): a one-point run of its own, under each
+        TensorBoard logger."""
         chart = self.charts().get(metric)
-        if chart is None or trainer.global_rank != 0 or not math.isfinite(foot):
+        if chart is None or trainer.global_rank != 0 or not math.isfinite(level):
             return
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 writer = SummaryWriter(log_dir=str(Path(logger.log_dir) / mark_run(step)))
-                writer.add_scalar(chart.tag, foot, step)
+                writer.add_scalar(chart.tag, level, step)
                 writer.close()  # on disk at once, beside the run's own events

@@ -780,7 +780,7 @@ MUTATIONS = [
     Mutation(
         "marks_at_the_spikes_height",  # the mark where the default scaling crops it
         "callbacks/spike_detector.py",
-        "                self._marks.write(trainer, spike.metric, spike.step, foot)\n",
+        "                self._marks.write(trainer, spike.metric, spike.step, spike.reference)\n",
         "                self._marks.write(trainer, spike.metric, spike.step, spike.value)\n",
         (
             MARKS + "test_marks_of_the_returned_loss_land_on_the_users_train_loss",

@@ -167,7 +167,7 @@ def test_a_runs_final_metric_survives_the_purge_of_a_file_named_after_it(tmp_pat
 def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: Path) -> None:
     """A user's regression with an 8x LR for 2 steps at step 112: the default rule flags
     the jump and no healthy step; each episode's onset is a one-point run of its own
-    (``spikes/step_<k>``) under the curve's own tag, at the curve's foot, its aftermath no
+    (``spikes/step_<k>``) under the curve's own tag, at its reference, its aftermath no
     more marks; ``TrainingCurves`` logs
     ``lr`` and ``grad_norm`` at Lightning's logging steps only."""
     from lit_spikes.callbacks import SpikeDetector
@@ -194,7 +194,7 @@ def test_a_users_run_shows_spikes_on_their_curve_and_lr_and_grad_norm(tmp_path: 
     onsets = [(s.step, s.value) for e in detector.episodes for s in [e.onset]]
     assert [step for step, _ in marks["loss"]] == [step for step, _ in onsets]
     feet = zip(marks["loss"], onsets, strict=True)
-    assert all(mark < value for (_, mark), (_, value) in feet)  # at its foot
+    assert all(mark < value for (_, mark), (_, value) in feet)  # at its reference
     assert len(onsets) == 1
     scalars = tb_scalars(tmp_path / "run")
     logging_steps = list(range(9, 130, 10))

@@ -156,7 +156,7 @@ def write_stitched_run(
     """Write the accepted lineage as one TensorBoard run, each step once: the branches'
     tags (``stitched_tags``), validation at the index of its last step (as Lightning
     logs it), ``spike/<metric>`` at each of ``spikes`` and each episode's mark (a
-    one-point run at the curve's foot, as ``SpikeDetector`` draws it)."""
+    one-point run at the spike's reference, as ``SpikeDetector`` draws it)."""
     tags = stitched_tags(facts or ToolFacts(), charts)
     from torch.utils.tensorboard import SummaryWriter
 
@@ -180,13 +180,11 @@ def write_stitched_run(
             writer.add_scalar(f"spike/{spike.metric}", spike.value, spike.step)
     finally:
         writer.close()
-    by_step = {int(r["step"]): r for r in records if "step" in r}
     for episode in group_episodes(spikes, DEFAULT_SETTLE):
         onset = episode.onset
-        foot = by_step.get(onset.step - 1, {}).get(onset.metric)
-        if foot is not None and math.isfinite(foot):
+        if math.isfinite(onset.reference):
             mark = SummaryWriter(log_dir=str(run_dir / mark_run(onset.step)))
-            mark.add_scalar(tags.get(onset.metric, onset.metric), float(foot), onset.step)
+            mark.add_scalar(tags.get(onset.metric, onset.metric), onset.reference, onset.step)
             mark.close()
 
 

@@ -1,9 +1,10 @@
 """The spike marks land on the chart of the curve the user logged, whatever the monitor,
-as one-point runs at the curve's foot (issue 65): read back with TensorBoard's own reader
-on modules written for the tests."""
+as one-point runs at the level the curve rose from (issue 65): read back with
+TensorBoard's own reader on modules written for the tests."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +49,24 @@ def marks(runs: dict[str, Scalars]) -> dict[str, Scalars]:
     return {name: tags for name, tags in runs.items() if name != "."}
 
 
-def expected_marks(tag: str, curve: list[tuple[int, float]]) -> dict[str, Scalars]:
-    """A run per poisoned step, holding one point on ``tag``: the curve's value the step
-    before it (every step logged)."""
+def reference(curve: list[tuple[int, float]], step: int, window: int = 10) -> float:
+    """The level a spike at ``step`` rose from, as the detector's ratio rule measures it:
+    the mean of the ``window`` values before it (every step logged), as TensorBoard keeps
+    it (float32)."""
     values = dict(curve)
-    return {mark_run(step): {tag: [(step, values[step - 1])]} for step in POISON}
+    return float(np.float32(statistics.fmean(values[k] for k in range(step - window, step))))
+
+
+def expected_marks(tag: str, curve: list[tuple[int, float]]) -> dict[str, Scalars]:
+    """A run per poisoned step, holding one point on ``tag`` at the spike's reference."""
+    return {mark_run(step): {tag: [(step, reference(curve, step))]} for step in POISON}
 
 
 def test_marks_of_the_returned_loss_land_on_the_users_train_loss(tmp_path: Path) -> None:
     """The default monitor (the returned loss) and a module logging it as ``train_loss``:
-    each onset a run of its own on the ``train_loss`` chart, one point at the curve's
-    value the step before (inside the 5-95% range TensorBoard's default scaling keeps),
-    and no ``loss`` chart of the detector's."""
+    each onset a run of its own on the ``train_loss`` chart, one point at the spike's
+    reference (inside the 5-95% range TensorBoard's default scaling keeps), and no
+    ``loss`` chart of the detector's."""
     detector = SpikeDetector(ratio=3.0, window=10)
     runs = charted_run(tmp_path, ChartedConv(), detector)
     assert detector.onsets == list(POISON)
