@@ -78,8 +78,7 @@ class SpikeDetector(Watcher):
     values stay on the device and are read back every ``read_every`` steps; a step is an
     optimizer step (under accumulation, the mean of its micro-batches' losses); under DDP
     every rank judges the same gathered value. How each rule behaves, and why these
-    defaults:
-    docs/detector.md.
+    defaults: docs/detector.md.
 
     Args:
         monitor: what to watch, a name or a list: ``"loss"``, the loss ``training_step``

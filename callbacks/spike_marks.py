@@ -45,6 +45,15 @@ def mark_run(step: int) -> str:
     return f"{MARKS_RUN}/step_{step}"
 
 
+def write_mark(log_dir: str | Path, tag: str, step: int, level: float) -> None:
+    """The mark of an onset at ``step``: a one-point run of its own under ``log_dir``, at
+    ``level`` on the chart ``tag`` (nothing for a level that is not finite)."""
+    if math.isfinite(level):
+        writer = SummaryWriter(log_dir=str(Path(log_dir) / mark_run(step)))
+        writer.add_scalar(tag, level, step)
+        writer.close()  # on disk at once, beside the run's own events
+
+
 @dataclass(frozen=True)
 class Chart:
     """Where a monitored name's marks go."""
@@ -133,10 +142,10 @@ class SpikeMarks:
         if metric in self.curves:
             return Chart(self.curves[metric], own=False)
         if metric == LOSS:
-            for name in equal:  # the forked name is the one the loggers get
-                tag = f"{name}_step" if f"{name}_step" in equal else name
-                return Chart(tag, own=False)
-            return Chart(LOSS, own=True)
+            if not equal:
+                return Chart(LOSS, own=True)
+            name = equal[0]  # the forked name is the one the loggers get
+            return Chart(f"{name}_step" if f"{name}_step" in equal else name, own=False)
         if metric == GRAD_NORM:
             return Chart(GRAD_NORM, own=not self._grad_norm_logged)
         return Chart(f"{metric}_step" if f"{metric}_step" in keys else metric, own=False)
@@ -156,10 +165,8 @@ class SpikeMarks:
         it rose from: the spike's reference): a one-point run of its own, under each
         TensorBoard logger."""
         chart = self.charts().get(metric)
-        if chart is None or trainer.global_rank != 0 or not math.isfinite(level):
+        if chart is None or trainer.global_rank != 0:
             return
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                writer = SummaryWriter(log_dir=str(Path(logger.log_dir) / mark_run(step)))
-                writer.add_scalar(chart.tag, level, step)
-                writer.close()  # on disk at once, beside the run's own events
+                write_mark(logger.log_dir, chart.tag, step, level)

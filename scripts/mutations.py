@@ -791,8 +791,8 @@ MUTATIONS = [
     Mutation(
         "marks_miss_the_users_loss_chart",  # the returned loss's own chart, not train_loss
         "callbacks/spike_marks.py",
-        "            for name in equal:  # the forked name is the one the loggers get\n",
-        "            for name in []:\n",
+        "            if not equal:\n",
+        "            if True:\n",
         (MARKS + "test_marks_of_the_returned_loss_land_on_the_users_train_loss",),
     ),
     Mutation(

@@ -4,7 +4,6 @@ the lineage stitched into one TensorBoard run."""
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from lit_spikes.callbacks.spike import Spike, group_episodes
 from lit_spikes.callbacks.spike_detector import DEFAULT_SETTLE
-from lit_spikes.callbacks.spike_marks import mark_run
+from lit_spikes.callbacks.spike_marks import write_mark
 from lit_spikes.tool_facts import ToolFacts
 from lit_spikes.tools.recover.history import lineage_records
 from lit_spikes.tools.recover.ledger import Ledger, Totals
@@ -182,10 +181,7 @@ def write_stitched_run(
         writer.close()
     for episode in group_episodes(spikes, DEFAULT_SETTLE):
         onset = episode.onset
-        if math.isfinite(onset.reference):
-            mark = SummaryWriter(log_dir=str(run_dir / mark_run(onset.step)))
-            mark.add_scalar(tags.get(onset.metric, onset.metric), onset.reference, onset.step)
-            mark.close()
+        write_mark(run_dir, tags.get(onset.metric, onset.metric), onset.step, onset.reference)
 
 
 def conclude(
