@@ -33,8 +33,9 @@ from unittest import mock
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.demo.study import cells, runner
+from lit_spikes.demo.study import cells
 from lit_spikes.demo.study.config import StudyConfig
+from lit_spikes.tools.study import jobs
 
 
 class _Clock(Callback):
@@ -52,17 +53,17 @@ class _Clock(Callback):
         self.last = time.perf_counter()
 
 
-def _timed_cell(config: StudyConfig, cell: cells.Cell) -> dict[str, float]:
+def _timed_cell(config: StudyConfig, cell: jobs.Cell) -> dict[str, float]:
     """``run_cell`` in a worker of the pool, with ``_Clock`` among the cell's callbacks
     (a callback that only reads the clock: the cell computes the same numbers)."""
     clock, build = _Clock(), cells._branch
 
-    def with_clock(config: StudyConfig, cell: cells.Cell) -> Any:
+    def with_clock(config: StudyConfig, cell: jobs.Cell) -> Any:
         branch = build(config, cell)
         return replace(branch, callbacks=[*branch.callbacks, clock])
 
     with mock.patch.object(cells, "_branch", with_clock):
-        result = cells.run_cell(config, cell)
+        result = jobs.run_cell(cells.plan(config), cell)
     assert clock.first is not None
     return {"wall": result["wall_s"], "train": clock.last - clock.first, "steps": cell.cost}
 
@@ -84,11 +85,11 @@ def _round(pool: ProcessPoolExecutor, roots: list[Path], seed: int) -> dict[str,
 
 def _pool(workers: int) -> ProcessPoolExecutor:
     """The study's pool: its start method, preload and worker setup (one torch thread)."""
-    context = runner._context()
+    context = jobs._context(cells.__name__)
     pool = ProcessPoolExecutor(
         workers,
         mp_context=context,
-        initializer=runner._start_worker,
+        initializer=jobs._start_worker,
         initargs=(context.Queue(),),
     )
     list(pool.map(time.sleep, [0.2] * workers))  # every worker started before the clock

@@ -817,6 +817,20 @@ MUTATIONS = [
             "test_bad_cli_input_fails_before_training_and_writes_nothing",
         ),
     ),
+    Mutation(
+        "study_calls_any_resume_exact",  # the comparison of the final tensors never fails
+        "lit_spikes/tools/study/cells.py",
+        '"params_equal": not differing and set(saved) == set(state),',
+        '"params_equal": True,',
+        ("tests/tools/test_study.py::test_a_resume_that_is_not_exact_fails_the_finding",),
+    ),
+    Mutation(
+        "study_compares_remedies_the_wrong_way",  # a remedy that ends worse counted better
+        "lit_spikes/tools/study/report.py",
+        'return bool(rung > nothing if config.facts.val_mode == "max" else rung < nothing)',
+        'return bool(rung < nothing if config.facts.val_mode == "max" else rung > nothing)',
+        ("tests/tools/test_study.py::test_the_study_of_a_users_module_finds_its_planted_spike",),
+    ),
 ]
 
 

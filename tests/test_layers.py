@@ -229,7 +229,12 @@ def public_names(root: Path, package: str) -> set[str]:
     return set()
 
 
-TOOLS_PACKAGES = ("lit_spikes.tools", "lit_spikes.tools.diagnose", "lit_spikes.tools.recover")
+TOOLS_PACKAGES = (
+    "lit_spikes.tools",
+    "lit_spikes.tools.diagnose",
+    "lit_spikes.tools.recover",
+    "lit_spikes.tools.study",
+)
 """The tools' packages whose ``__all__`` is their public API (the commands' packages)."""
 
 

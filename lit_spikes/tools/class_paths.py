@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jsonargparse import ArgumentParser
 
@@ -100,13 +101,19 @@ def _close_module(missing: str) -> str:
     return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
 
 
+def class_defaults(klass: type, key: str) -> dict[str, Any]:
+    """``klass``'s init arguments as the command line takes them (``<key>.NAME``: those
+    its ``**kwargs`` hand to a parent class too), with their defaults."""
+    probe = ArgumentParser()
+    probe.add_class_arguments(klass, key, fail_untyped=False)
+    return dict(probe.get_defaults().items())
+
+
 def options_listing(key: str, klass: type, heading: str, init_args: bool = False) -> str:
     """``heading``, then ``klass``'s options as ``--<key>.NAME`` (``init_args``:
     ``--<key>.init_args.NAME``), one a line with its default."""
-    probe = ArgumentParser()
-    probe.add_class_arguments(klass, key, fail_untyped=False)
     lines = []
-    for name, value in probe.get_defaults().items():
+    for name, value in class_defaults(klass, key).items():
         if name.startswith(f"{key}."):
             option = f"{key}.init_args.{name[len(key) + 1 :]}" if init_args else name
             lines.append(f"  --{option} (default: {'[]' if value == () else value})")

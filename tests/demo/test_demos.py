@@ -79,9 +79,9 @@ def test_default_workers_one_process_per_core_at_most_one_per_branch(
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr(
-        lit_spikes.demo.demos, "CGROUP_ROOT", tmp_path
+        lit_spikes.shared.cores, "CGROUP_ROOT", tmp_path
     )  # no quota, whatever the host's
-    monkeypatch.setattr(lit_spikes.demo.demos, "PROC_SELF_CGROUP", tmp_path / "no-such-file")
+    monkeypatch.setattr(lit_spikes.shared.cores, "PROC_SELF_CGROUP", tmp_path / "no-such-file")
     assert default_workers() == workers
     assert DemoSetup().workers == workers
 

@@ -221,7 +221,7 @@ def test_a_signal_whose_raise_was_dropped_still_stops_the_study() -> None:
     must not go on computing cells, nor end as done, after a Ctrl-C."""
     import signal
 
-    from lit_spikes.demo.study.runner import StudyInterrupted, _signals_stop
+    from lit_spikes.tools.study.jobs import StudyInterrupted, _signals_stop
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

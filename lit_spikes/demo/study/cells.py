@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from lit_spikes.checkpoints import atomic_torch_save, atomic_write
+from lit_spikes.checkpoints import atomic_torch_save
 from lit_spikes.demo.ablations import ForgetOptimizerState
 from lit_spikes.demo.branches import Branch, BranchResult, run_branch
 from lit_spikes.demo.model import GPTConfig
 from lit_spikes.demo.module import OptimConfig
 from lit_spikes.demo.study.config import StudyConfig
 from lit_spikes.demo.study.leads import UpdateNormRecorder
-from lit_spikes.shared.training import checkpoint_path, quiet_branches
+from lit_spikes.shared.training import checkpoint_path
+from lit_spikes.tools.study import RESULT, Cell, StudyPlan
 
-RESULT = "cell.json"
-"""A done cell's result, in its run directory."""
 FINAL_STATE = "final_state.pt"
 """The reference's final weights, which the resumes are compared with (``torch.equal``)."""
 
@@ -44,22 +41,6 @@ REMEDIES = (
     "clip",
 )
 """The cells resumed from a seed's checkpoint before its spike, in the report's order."""
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One unit of a study's work."""
-
-    name: str
-    """Its run directory under the log root, e.g. ``seed03-data0/scale_lr``."""
-    kind: str
-    """``reference``, ``qk_norm``, one of ``REMEDIES``, ``diagnose`` or ``sweep``."""
-    model_seed: int
-    data_seed: int
-    cost: int
-    """Training steps it takes (its share of the work, for the time left)."""
-    params: dict[str, Any] = field(default_factory=dict)
-    """Where it resumes from, what it skips, the sweep point."""
 
 
 def seed_dir(model_seed: int, data_seed: int) -> str:
@@ -119,35 +100,25 @@ def seed_cells(config: StudyConfig, reference: dict[str, Any]) -> list[Cell]:
     return cells
 
 
-def read_result(log_root: Path, cell: Cell) -> dict[str, Any] | None:
-    """A done cell's result, or None."""
-    path = log_root / cell.name / RESULT
-    try:
-        result: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    return result
+def compute(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    """Compute ``cell`` into its run directory; its result (``jobs.run_cell`` writes it)."""
+    return _diagnose(config, cell) if cell.kind == "diagnose" else _train(config, cell)
 
 
-def run_cell(config: StudyConfig, cell: Cell) -> dict[str, Any]:
-    """Compute ``cell`` into its run directory and write its ``cell.json``; returns it."""
-    start = time.perf_counter()
-    root = config.log_root
-    with quiet_branches():
-        result = _diagnose(config, cell) if cell.kind == "diagnose" else _train(config, cell)
-    result |= {
-        "name": cell.name,
-        "kind": cell.kind,
-        "model_seed": cell.model_seed,
-        "data_seed": cell.data_seed,
-        "params": cell.params,
-        "fingerprint": config.fingerprint(),
-        "wall_s": time.perf_counter() - start,
-        "steps_trained": cell.cost,
-    }
-    text = json.dumps(result, indent=1, allow_nan=True)
-    atomic_write(root / cell.name / RESULT, lambda handle: handle.write(text.encode()))
-    return result
+def plan(config: StudyConfig) -> StudyPlan:
+    """The demos' study as the job runner runs it."""
+    return StudyPlan(
+        config=config,
+        log_root=config.log_root,
+        fingerprint=config.fingerprint(),
+        seeds=config.seeds,
+        first=first_cells,
+        follow=seed_cells,
+        compute=compute,
+        later_cells=len(REMEDIES) + 1,
+        later_cost=len(REMEDIES) * (config.steps - config.checkpoint_every * 2),
+        preload=__name__,
+    )
 
 
 def _branch(config: StudyConfig, cell: Cell) -> Branch:

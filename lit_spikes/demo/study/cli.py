@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lit_spikes.demo.study.config import QUICK, StudyConfig
-from lit_spikes.demo.study.runner import (
+from lit_spikes.tools import command_parser, parse_config
+from lit_spikes.tools.study import (
     AnotherStudy,
     StudyInterrupted,
     StudyRun,
@@ -16,14 +17,15 @@ from lit_spikes.demo.study.runner import (
     done_cells,
     run_study,
 )
-from lit_spikes.tools import command_parser, parse_config
 
 PROG = "lit-spikes study"
 DESCRIPTION = (
     "The demos' experiment over many seeds: per seed the reference run, its spikes, the "
     "resumes and remedies from the checkpoint before its spike and diagnose; an LR sweep "
     "with and without QK-norm; each finding's frequency with a 95% Wilson interval. "
-    "Rerun the same command to continue a stopped study. --quick: the small preset."
+    "Rerun the same command to continue a stopped study. --quick: the small preset. "
+    "With --model and --data (class paths, as lit-spikes fit takes them): the study of any "
+    "module (lit-spikes study --model X --data Y --help lists its options)."
 )
 
 
@@ -42,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
     one that cannot be written) exit 2 before any cell runs; a signal exits 128 + its
     number, the cells done kept."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("--model", "--data") or a.startswith(("--model=", "--data=")) for a in args):
+        # A study of any module, the demo's by its class path too: the tools' own command
+        from lit_spikes.tools.study import main as study_of_module
+
+        return study_of_module(args)
     parser = command_parser(PROG, DESCRIPTION, StudyConfig)
     parser.add_argument("--quick", action="store_true", help="the small preset (CI's)")
     parser.add_argument(
@@ -57,19 +64,22 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
     why = unwritable_directory(Path(config.log_root))
     if why is not None:
         parser.error(f"--log_root {config.log_root} {why}")
+    from lit_spikes.demo.study.cells import plan
+
+    study = plan(config)
     try:
-        check_log_root(config)
+        check_log_root(study)
     except AnotherStudy as error:
         parser.error(str(error))
     if parsed.report_only:
-        run = done_cells(config)
+        run = done_cells(study)
         finish(config, run)
         return run
-    from lit_spikes.demo.demos import usable_cores
+    from lit_spikes.shared.cores import usable_cores
 
     workers = config.workers or usable_cores()
     try:
-        run = run_study(config, workers)
+        run = run_study(study, workers)
     except StudyInterrupted as stop:
         print(f"{PROG}: stopped by signal {stop.signum}; run it again to continue", file=sys.stderr)
         raise SystemExit(128 + stop.signum) from None

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
-import math
-import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,13 @@ from lit_spikes.demo.study.config import StudyConfig
 from lit_spikes.demo.study.findings import Finding, findings
 from lit_spikes.demo.study.leads import spike_leads, summarize
 from lit_spikes.demo.study.sweep import sweep_points, sweep_summary
+from lit_spikes.tools.study import (
+    cell_text,
+    findings_section,
+    machine,
+    table,
+    write_findings_csv,
+)
 
 
 @dataclass
@@ -31,17 +36,6 @@ class StudyReport:
     sweep: list[dict[str, Any]]
     sweep_lines: list[str]
     markdown: str
-
-
-def machine() -> str:
-    """The CPU's model name (``lscpu``'s), else the platform's."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def by_seed(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, dict[str, Any]]]:
@@ -75,20 +69,6 @@ def build_report(
     return report
 
 
-def _f(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.{digits}f}"
-    return str(value)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_f(v) for v in row) + " |" for row in rows]
-    return lines
-
-
 def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: float | None) -> str:
     took = f", {wall_s / 60:.1f} min" if wall_s else ""
     lines = [
@@ -101,20 +81,11 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
         "frequencies are what a single run is one draw of.",
         "",
     ]
-    lines += _findings_section(report)
+    lines += findings_section(report.findings)
     lines += _seeds_section(report)
     lines += _leads_section(config, report)
     lines += _sweep_section(report)
     return "\n".join(lines)
-
-
-def _findings_section(report: StudyReport) -> list[str]:
-    rows = []
-    for f in report.findings:
-        lo, hi = f.interval
-        rows.append([f.text, f"{f.holds} of {f.n}", f"{lo:.2f}-{hi:.2f}" if f.n else "-"])
-    lines = ["## Findings", "", *_table(["finding", "seeds", "95% Wilson interval"], rows)]
-    return [*lines, "", *(f"- {f.sentence()}" for f in report.findings if f.n), ""]
 
 
 def _seeds_section(report: StudyReport) -> list[str]:
@@ -132,12 +103,12 @@ def _seeds_section(report: StudyReport) -> list[str]:
                 ckpt,
                 ref.get("val_bpc"),
                 *(seed[k]["val_bpc"] if k in seed else None for k in REMEDIES),
-                _f(ref.get("max_logit"), 1) if ref else None,
-                _f(seed["qk_norm"]["max_logit"], 1) if "qk_norm" in seed else None,
+                cell_text(ref.get("max_logit"), 1) if ref else None,
+                cell_text(seed["qk_norm"]["max_logit"], 1) if "qk_norm" in seed else None,
                 seed["diagnose"]["cause"] if "diagnose" in seed else None,
             ]
         )
-    return ["## Each seed: val bits/char at the end", "", *_table(header, rows)]
+    return ["## Each seed: val bits/char at the end", "", *table(header, rows)]
 
 
 LEAD_COLUMNS = (
@@ -162,7 +133,7 @@ def _leads_section(config: StudyConfig, report: StudyReport) -> list[str]:
     header = ["signal", "spikes", "warned before", "at the onset", "no warning"]
     header += ["median lead", "min", "max"]
     rows = [[r[k] for k in LEAD_COLUMNS] for r in report.lead_rows]
-    return ["", "## Early warning", "", intro, "", *_table(header, rows)]
+    return ["", "## Early warning", "", intro, "", *table(header, rows)]
 
 
 def _sweep_section(report: StudyReport) -> list[str]:
@@ -172,14 +143,14 @@ def _sweep_section(report: StudyReport) -> list[str]:
             "yes" if r["qk_norm"] else "no",
             r["seeds"],
             r["final_loss"],
-            _f(r["max_logit"], 1),
-            _f(r["max_logit_max"], 1),
+            cell_text(r["max_logit"], 1),
+            cell_text(r["max_logit_max"], 1),
         ]
         for r in report.sweep
     ]
     header = ["peak LR", "QK-norm", "seeds", "final loss", "max logit (mean)"]
     header.append("max logit (largest)")
-    lines = ["", "## LR sweep (Wortsman et al., 2023)", "", *_table(header, rows)]
+    lines = ["", "## LR sweep (Wortsman et al., 2023)", "", *table(header, rows)]
     return [*lines, "", *(f"- {line}" for line in report.sweep_lines), ""]
 
 
@@ -190,12 +161,7 @@ def write_report(
     root = config.log_root
     paths = [root / "report.md", root / "findings.csv", root / "cells.csv"]
     paths[0].write_text(report.markdown)
-    with paths[1].open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["key", "finding", "holds", "n", "fraction", "wilson_lo", "wilson_hi"])
-        for f in report.findings:
-            lo, hi = f.interval
-            writer.writerow([f.key, f.text, f.holds, f.n, f.holds / f.n if f.n else "", lo, hi])
+    write_findings_csv(paths[1], report.findings)
     keys = [
         "name",
         "kind",

@@ -1,7 +1,11 @@
 """A study is a job: its cells run in worker processes (one torch thread each, one per
 core), each writes its result into its own run directory, and a rerun of the same
 command takes every finished cell from its ``cell.json`` instead of computing it again.
-A cell without that file (killed half-way) is cleared and computed afresh."""
+A cell without that file (killed half-way) is cleared and computed afresh.
+
+What the cells are and how one is computed is the study's ``StudyPlan`` (the study of
+any module, ``lit_spikes.tools.study``, and the demos' own): this module only runs
+them."""
 
 from __future__ import annotations
 
@@ -17,18 +21,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from lit_spikes.checkpoints import atomic_write
-from lit_spikes.demo.study.cells import (
-    REMEDIES,
-    Cell,
-    first_cells,
-    read_result,
-    run_cell,
-    seed_cells,
-)
-from lit_spikes.demo.study.config import StudyConfig
 
 STUDY_FILE = "study.json"
 """In the log root: the fingerprint of the config its cells were computed with."""
@@ -58,28 +54,106 @@ class StudyRun:
     workers: int = 1
 
 
-def check_log_root(config: StudyConfig) -> None:
+RESULT = "cell.json"
+"""A done cell's result, in its run directory."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of a study's work."""
+
+    name: str
+    """Its run directory under the log root, e.g. ``seed03-data0/scale_lr``."""
+    kind: str
+    """What it computes (``reference``, a remedy, ``diagnose``, ``sweep``...)."""
+    model_seed: int
+    data_seed: int
+    cost: int
+    """Training steps it takes (its share of the work, for the time left)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Where it resumes from, what it skips, the sweep point."""
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """What a study computes: its cells and how each is computed. The functions are
+    module-level ones (a worker process gets the plan by pickling)."""
+
+    config: Any
+    """The study's settings: the functions' first argument."""
+    log_root: Path
+    fingerprint: str
+    """What decides each cell's numbers (a log root holds the cells of one)."""
+    seeds: list[tuple[int, int]]
+    """Every (model seed, data seed); each has one ``reference`` cell."""
+    first: Callable[[Any], list[Cell]]
+    """The cells that need nothing else (each seed's ``reference`` among them)."""
+    follow: Callable[[Any, dict[str, Any]], list[Cell]]
+    """A seed's cells after its reference, from the reference's result."""
+    compute: Callable[[Any, Cell], dict[str, Any]]
+    """Computes a cell into its run directory; returns its result (``run_cell`` writes it)."""
+    later_cells: int
+    """About how many cells a seed's reference is followed by (progress)."""
+    later_cost: int
+    """About how many training steps those take (progress)."""
+    preload: str
+    """The module a worker imports before its first cell (torch and Lightning once)."""
+
+
+def read_result(log_root: Path, cell: Cell) -> dict[str, Any] | None:
+    """A done cell's result, or None."""
+    path = log_root / cell.name / RESULT
+    try:
+        result: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return result
+
+
+def run_cell(plan: StudyPlan, cell: Cell) -> dict[str, Any]:
+    """Compute ``cell`` into its run directory and write its ``cell.json``; returns it."""
+    from lit_spikes.shared.training import quiet_branches
+
+    start = time.perf_counter()
+    with quiet_branches():
+        result = plan.compute(plan.config, cell)
+    result |= {
+        "name": cell.name,
+        "kind": cell.kind,
+        "model_seed": cell.model_seed,
+        "data_seed": cell.data_seed,
+        "params": cell.params,
+        "fingerprint": plan.fingerprint,
+        "wall_s": time.perf_counter() - start,
+        "steps_trained": cell.cost,
+    }
+    text = json.dumps(result, indent=1, allow_nan=True)
+    atomic_write(plan.log_root / cell.name / RESULT, lambda handle: handle.write(text.encode()))
+    return result
+
+
+def check_log_root(plan: StudyPlan) -> None:
     """Refuses a log root whose cells were computed with other settings (a usage error:
     nothing is run or written).
 
     Raises:
         AnotherStudy: its ``study.json`` names another fingerprint.
     """
-    path = config.log_root / STUDY_FILE
+    path = plan.log_root / STUDY_FILE
     if path.is_file():
         saved = json.loads(path.read_text()).get("fingerprint")
-        if saved != config.fingerprint():
+        if saved != plan.fingerprint:
             raise AnotherStudy(
-                f"{config.log_root} holds a study run with other settings (fingerprint "
-                f"{saved}, this one {config.fingerprint()}): give another --log_root, or "
+                f"{plan.log_root} holds a study run with other settings (fingerprint "
+                f"{saved}, this one {plan.fingerprint}): give another --log_root, or "
                 "remove that directory to start over"
             )
 
 
-def _mark_log_root(config: StudyConfig) -> None:
-    config.log_root.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"fingerprint": config.fingerprint()})
-    atomic_write(config.log_root / STUDY_FILE, lambda handle: handle.write(text.encode()))
+def _mark_log_root(plan: StudyPlan) -> None:
+    plan.log_root.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"fingerprint": plan.fingerprint})
+    atomic_write(plan.log_root / STUDY_FILE, lambda handle: handle.write(text.encode()))
 
 
 # ------------------------------------------------------------------------------ workers
@@ -107,14 +181,14 @@ def _exit_with(parent: Any) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def _work(config: StudyConfig, cell: Cell) -> dict[str, Any]:
-    return run_cell(config, cell)
+def _work(plan: StudyPlan, cell: Cell) -> dict[str, Any]:
+    return run_cell(plan, cell)
 
 
-def _context() -> Any:
+def _context(preload: str) -> Any:
     if "forkserver" in mp.get_all_start_methods():
         context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["lit_spikes.demo.study.cells"])  # torch, Lightning once
+        context.set_forkserver_preload([preload])  # torch, Lightning once
         return context
     return mp.get_context("spawn")
 
@@ -126,13 +200,12 @@ class _Progress:
     """One line per finished cell: cells done of the total known, time left from the
     work done so far (cells weighted by their training steps)."""
 
-    def __init__(self, config: StudyConfig, out: TextIO) -> None:
-        self.config, self.out, self.start = config, out, time.perf_counter()
+    def __init__(self, plan: StudyPlan, out: TextIO) -> None:
+        self.plan, self.out, self.start = plan, out, time.perf_counter()
         self.cost_done = 0
 
     def remaining_cost(self, waiting: list[Cell], running: list[Cell], open_seeds: int) -> int:
-        per_seed = len(REMEDIES) * (self.config.steps - self.config.checkpoint_every * 2)
-        return sum(c.cost for c in waiting + running) + open_seeds * per_seed
+        return sum(c.cost for c in waiting + running) + open_seeds * self.plan.later_cost
 
     def line(self, done: int, total: int, computed: int, remaining: int) -> None:
         elapsed = time.perf_counter() - self.start
@@ -184,47 +257,47 @@ def _signals_stop() -> Iterator[Callable[[], None]]:
     check()
 
 
-def done_cells(config: StudyConfig) -> StudyRun:
+def done_cells(plan: StudyPlan) -> StudyRun:
     """The results of the cells done so far, computing nothing (an interim report of a
     study still running, or stopped): a seed's later cells only where its reference is
     done."""
     run = StudyRun({})
-    known = first_cells(config)
+    known = plan.first(plan.config)
     while known:
         cell = known.pop(0)
-        result = read_result(config.log_root, cell)
-        if result is None or result.get("fingerprint") != config.fingerprint():
+        result = read_result(plan.log_root, cell)
+        if result is None or result.get("fingerprint") != plan.fingerprint:
             continue
         run.results[cell.name] = result
         if cell.kind == "reference":
-            known += seed_cells(config, result)
+            known += plan.follow(plan.config, result)
     return run
 
 
-def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> StudyRun:
-    """Compute every cell of ``config`` not done yet, ``workers`` at a time, and return
+def run_study(plan: StudyPlan, workers: int, out: TextIO | None = None) -> StudyRun:
+    """Compute every cell of ``plan`` not done yet, ``workers`` at a time, and return
     all their results (with ``workers`` 1: here, one after the other).
 
     Raises:
         AnotherStudy: the log root holds another study's cells.
         StudyInterrupted: SIGINT or SIGTERM; rerun the same command to continue.
     """
-    check_log_root(config)
-    _mark_log_root(config)
+    check_log_root(plan)
+    _mark_log_root(plan)
     start = time.perf_counter()
     run = StudyRun({}, workers=workers)
     waiting: list[Cell] = []
-    open_seeds = {(m, d) for m, d in config.seeds}
-    progress = _Progress(config, sys.stderr if out is None else out)
+    open_seeds = {(m, d) for m, d in plan.seeds}
+    progress = _Progress(plan, sys.stderr if out is None else out)
 
     def take(cell: Cell, first: bool = False) -> None:
         """A cell done before (its result read), or one to compute (its leftovers gone):
         ``first``, before those waiting."""
-        result = read_result(config.log_root, cell)
-        if result is not None and result.get("fingerprint") == config.fingerprint():
+        result = read_result(plan.log_root, cell)
+        if result is not None and result.get("fingerprint") == plan.fingerprint:
             finished(cell, result)
         else:
-            shutil.rmtree(config.log_root / cell.name, ignore_errors=True)
+            shutil.rmtree(plan.log_root / cell.name, ignore_errors=True)
             waiting.insert(0 if first else len(waiting), cell)
 
     def finished(cell: Cell, result: dict[str, Any]) -> None:
@@ -232,31 +305,31 @@ def run_study(config: StudyConfig, workers: int, out: TextIO | None = None) -> S
         if cell.kind == "reference":
             open_seeds.discard((cell.model_seed, cell.data_seed))
             # A seed's cells before the next seed's: a study stopped early has whole seeds.
-            for follower in reversed(seed_cells(config, result)):
+            for follower in reversed(plan.follow(plan.config, result)):
                 take(follower, first=True)
 
-    for cell in first_cells(config):
+    for cell in plan.first(plan.config):
         take(cell)
     with _signals_stop() as check:
         if workers == 1:
             while waiting:
                 check()
                 cell = waiting.pop(0)
-                finished(cell, run_cell(config, cell))
+                finished(cell, run_cell(plan, cell))
                 run.computed.append(cell.name)
                 progress.cost_done += cell.cost
                 total = len(run.results) + len(waiting)
-                total += len(open_seeds) * (len(REMEDIES) + 1)
+                total += len(open_seeds) * plan.later_cells
                 remaining = progress.remaining_cost(waiting, [], len(open_seeds))
                 progress.line(len(run.results), total, len(run.computed), remaining)
         else:
-            _run_pool(config, workers, waiting, run, finished, progress, open_seeds, check)
+            _run_pool(plan, workers, waiting, run, finished, progress, open_seeds, check)
     run.wall_s = time.perf_counter() - start
     return run
 
 
 def _run_pool(
-    config: StudyConfig,
+    plan: StudyPlan,
     workers: int,
     waiting: list[Cell],
     run: StudyRun,
@@ -265,7 +338,7 @@ def _run_pool(
     open_seeds: set[tuple[int, int]],
     check: Callable[[], None],
 ) -> None:
-    context = _context()
+    context = _context(plan.preload)
     pids = context.Queue()
     pool = ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(pids,)
@@ -275,7 +348,7 @@ def _run_pool(
         while waiting or futures:
             while waiting and len(futures) < workers:
                 cell = waiting.pop(0)
-                futures[pool.submit(_work, config, cell)] = cell
+                futures[pool.submit(_work, plan, cell)] = cell
             done, _ = wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
             check()  # a signal whose raise was dropped
             if not done:
@@ -286,7 +359,7 @@ def _run_pool(
                 run.computed.append(cell.name)
                 progress.cost_done += cell.cost
             total = len(run.results) + len(waiting) + len(futures)
-            total += len(open_seeds) * (len(REMEDIES) + 1)  # a seed's cells after its reference
+            total += len(open_seeds) * plan.later_cells  # a seed's cells after its reference
             remaining = progress.remaining_cost(waiting, list(futures.values()), len(open_seeds))
             progress.line(len(run.results), total, len(run.computed), remaining)
     except BaseException:

@@ -1,0 +1,266 @@
+"""The cells of a study of any module, and how one is computed. Each training cell is a
+Lightning run as a ``recover`` branch trains it (the module and data built after the
+seed's ``seed_everything``, ``ExactResume``, the detector, ``TrainingCurves``, the
+step records of ``history.jsonl``), under ``<log_root>/seed<ss>/<cell>``.
+
+Per seed: the ``reference`` run from scratch, which writes the checkpoints and flags the
+spikes; from the checkpoint before its first spike (or before ``no_spike_step``), the
+``resume_exact`` (nothing changed: it must equal the reference to the bit) and one cell
+per rung of the ladder; and ``diagnose`` on each flagged spike's onset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.fabric.utilities.seed import seed_everything
+
+from lit_spikes.callbacks import Spike, TrainingCurves
+from lit_spikes.checkpoints import atomic_torch_save, atomic_write
+from lit_spikes.shared.plain import plain_config
+from lit_spikes.shared.training import RunSpec, checkpoint_path
+from lit_spikes.tools.recover.branch import Builders
+from lit_spikes.tools.recover.config import RecoverConfig
+from lit_spikes.tools.recover.history import HISTORY_NAME, HistoryLog, StepClock, read_history
+from lit_spikes.tools.recover.remedies import (
+    SpikeContext,
+    remedy_callbacks,
+    remedy_spec,
+    rung_name,
+)
+from lit_spikes.tools.resume_callbacks import with_exact_resume
+from lit_spikes.tools.run_record import RECORD_NAME
+from lit_spikes.tools.study.config import StudyConfig
+from lit_spikes.tools.study.jobs import RESULT, Cell, StudyPlan
+
+REFERENCE = "reference"
+RESUME = "resume_exact"
+DIAGNOSE = "diagnose"
+FINAL_STATE = "final_state.pt"
+"""The reference's final weights, which the exact resume is compared with (``torch.equal``)."""
+DIAGNOSE_STEPS = 4
+"""diagnose's replays (same data and three other-data windows), for the time left."""
+
+
+def seed_dir(seed: int) -> str:
+    return f"seed{seed:02d}"
+
+
+def first_cells(config: StudyConfig) -> list[Cell]:
+    """Each seed's reference run."""
+    return [Cell(f"{seed_dir(s)}/{REFERENCE}", REFERENCE, s, 0, config.steps) for s in config.seeds]
+
+
+def seed_cells(config: StudyConfig, reference: dict[str, Any]) -> list[Cell]:
+    """A seed's cells after its reference (``reference``: its result): the exact resume
+    and the ladder's rungs from the checkpoint before its first spike, and a diagnosis
+    of each spike with a checkpoint before it."""
+    seed, onset = reference["model_seed"], reference["onset"]
+    base = seed_dir(seed)
+    place = config.place(onset)
+    k = config.checkpoint_before(place)
+    cells = []
+    if k is not None:
+        params = {"onset": onset, "place": place, "ckpt_step": k}
+        cost = config.steps - k
+        cells.append(Cell(f"{base}/{RESUME}", RESUME, seed, 0, cost, params))
+        for rung in config.rungs:
+            name = rung_name(rung)
+            cells.append(Cell(f"{base}/{name}", name, seed, 0, cost, {**params, "rung": rung}))
+    for step in reference["onsets"]:
+        k = config.checkpoint_before(step)
+        if k is not None:
+            params = {"onset": step, "ckpt_step": k}
+            cost = DIAGNOSE_STEPS * (step - k + 20)
+            cells.append(Cell(f"{base}/{DIAGNOSE}_step{step}", DIAGNOSE, seed, 0, cost, params))
+    return cells
+
+
+def compute(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    """Compute ``cell`` into its run directory; its result (``jobs.run_cell`` writes it)."""
+    return _diagnose(config, cell) if cell.kind == DIAGNOSE else _train(config, cell)
+
+
+def plan(config: StudyConfig) -> StudyPlan:
+    """The study of ``config`` as the job runner runs it."""
+    later = 1 + len(config.rungs)
+    return StudyPlan(
+        config=config,
+        log_root=config.log_root,
+        fingerprint=config.fingerprint(),
+        seeds=[(s, 0) for s in config.seeds],
+        first=first_cells,
+        follow=seed_cells,
+        compute=compute,
+        later_cells=later,
+        later_cost=later * config.steps // 2,
+        preload=__name__,
+    )
+
+
+def _reference_dir(config: StudyConfig, cell: Cell) -> Path:
+    return config.log_root / seed_dir(cell.model_seed) / REFERENCE
+
+
+def _reference(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((_reference_dir(config, cell) / RESULT).read_text())
+    return result
+
+
+def _remedies(config: StudyConfig, cell: Cell) -> list[Any]:
+    """The rung's callbacks, built for the seed's spike (or its placement) as recover
+    builds them for a spike."""
+    k, place = cell.params["ckpt_step"], cell.params["place"]
+    reference = _reference(config, cell)
+    records = [r for r in reference["records"] if "step" in r]
+    at = {int(r["step"]): r for r in records}
+    flagged = [s for s in reference["spikes"] if s["step"] == place]  # none: a placement
+    metric = flagged[0]["metric"] if flagged else config.detector.monitor[0]
+    spike = Spike(
+        step=place,
+        metric=metric,
+        value=flagged[0]["value"] if flagged else float(at.get(place, {}).get("loss", math.nan)),
+        reference=flagged[0]["reference"] if flagged else math.nan,
+        position=int(at[place].get("position", place)) if place in at else place,
+    )
+    context = SpikeContext(
+        spike=spike,
+        ckpt_step=k,
+        ckpt_position=int(at[k].get("position", k)) if k in at else k,
+        losses=[float(r["loss"]) for r in records if r["step"] < k and math.isfinite(r["loss"])],
+    )
+    return remedy_callbacks([remedy_spec(cell.params["rung"], context)])
+
+
+def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    run = config.recover(cell.model_seed)
+    facts = run.facts
+    run_dir = config.log_root / cell.name
+    is_reference = cell.kind == REFERENCE
+    start = 0 if is_reference else int(cell.params["ckpt_step"])
+    remedies = [] if cell.kind in (REFERENCE, RESUME) else _remedies(config, cell)
+    detector = run.detector.build(facts)
+    clock = StepClock()
+    history = HistoryLog(run_dir / HISTORY_NAME, clock, True, [c.key for c in facts.columns])
+    callbacks = [detector, *remedies, clock, history, TrainingCurves()]
+    spec = RunSpec(
+        log_root=config.log_root,
+        name=cell.name,
+        max_steps=run.steps,
+        checkpoint_every=run.checkpoint_every if is_reference else None,
+        val_every=run.val_every,
+        callbacks=with_exact_resume(callbacks, run.exact_resume),
+        progress_bar=False,
+        trainer_kwargs=run.trainer_kwargs(),
+        resume_step=start or None,
+    )
+    ckpt = None if is_reference else checkpoint_path(_reference_dir(config, cell), start)
+    if is_reference:
+        _write_record(run_dir, run)
+    seed_everything(cell.model_seed, verbose=False)
+    if run.num_threads is not None:
+        torch.set_num_threads(run.num_threads)
+    builders = Builders.of(run)
+    module, data = builders.model(), builders.datamodule()
+    try:
+        spec.trainer().fit(module, datamodule=data, ckpt_path=ckpt)
+    finally:
+        history.close()
+    records = read_history(run_dir / HISTORY_NAME)
+    onsets = [s for s in detector.onsets if s >= start]
+    out: dict[str, Any] = {
+        "start_step": start,
+        "records": records,
+        "spikes": [_plain(s) for s in detector.spikes if s.step >= start],
+        "onsets": onsets,
+        "onset": onsets[0] if onsets else None,
+        "charts": detector.charts,
+    }
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    if is_reference:
+        atomic_torch_save(state, run_dir / FINAL_STATE)
+    elif cell.kind == RESUME:
+        out |= _compare(config, cell, state, records)
+    return out
+
+
+def _write_record(run_dir: Path, run: RecoverConfig) -> None:
+    """The reference's ``config.yaml``, as ``lit-spikes fit`` writes one: what a replay of
+    its checkpoints (``diagnose``, by the study or by hand) trains, and how long."""
+    trainer = {
+        **run.trainer,
+        "max_steps": run.steps,
+        "val_check_interval": run.val_every or run.steps,
+        "check_val_every_n_epoch": None,
+    }
+    record = {"model": run.model, "data": run.data, "trainer": trainer}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(plain_config(record), sort_keys=False)
+    atomic_write(run_dir / RECORD_NAME, lambda handle: handle.write(text.encode()))
+
+
+def _plain(spike: Spike) -> dict[str, Any]:
+    return {
+        "step": spike.step,
+        "metric": spike.metric,
+        "value": spike.value,
+        "reference": spike.reference,
+    }
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _compare(
+    config: StudyConfig, cell: Cell, state: dict[str, torch.Tensor], records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Whether the resume is the reference: every final tensor of the module's state
+    ``torch.equal`` and every loss logged from the checkpoint on equal."""
+    saved = torch.load(_reference_dir(config, cell) / FINAL_STATE, weights_only=True)
+    reference = {
+        int(r["step"]): r["loss"] for r in _reference(config, cell)["records"] if "step" in r
+    }
+    steps = [r for r in records if "step" in r]
+    losses_equal = bool(steps) and all(
+        int(r["step"]) in reference and _same(reference[int(r["step"])], r["loss"]) for r in steps
+    )
+    differing = sorted(
+        k for k, v in state.items() if k not in saved or not torch.equal(saved[k], v)
+    )
+    return {
+        "params_equal": not differing and set(saved) == set(state),
+        "losses_equal": losses_equal,
+        "differing": differing[:10],
+    }
+
+
+def _diagnose(config: StudyConfig, cell: Cell) -> dict[str, Any]:
+    from lit_spikes.tools.diagnose import DiagnoseConfig, diagnose
+
+    onset, k = cell.params["onset"], cell.params["ckpt_step"]
+    run = config.recover(cell.model_seed)
+    records = _reference(config, cell)["records"]
+    original = next(r["loss"] for r in records if r.get("step") == onset)
+    verdict = diagnose(
+        checkpoint_path(_reference_dir(config, cell), k),
+        onset,
+        DiagnoseConfig(recurrence=config.recurrence),
+        model=run.model,
+        data=run.data,
+        trainer_kwargs=dict(run.trainer),
+        original_loss=original,
+        log_root=config.log_root / cell.name,
+    )
+    return {
+        "cause": str(verdict.cause),
+        "spike_step": verdict.spike_step,
+        "ckpt_step": verdict.ckpt_step,
+        "evidence": list(verdict.evidence),
+        "rise_ratios": [other.ratio for other in verdict.other_data],
+    }

@@ -1,0 +1,207 @@
+"""What a study of any module runs (``lit-spikes study --model X --data Y``): the module
+and data by class path, the seeds, and the run each seed trains, as ``recover`` takes
+them (its detector, checkpoint interval, rollback distance and remedy ladder, in its YAML
+form). Checked when built, by the ``RecoverConfig`` each seed's runs are built from."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from lit_spikes.tool_facts import ToolFacts
+from lit_spikes.tools.class_paths import class_defaults
+from lit_spikes.tools.detector_config import DetectorConfig
+from lit_spikes.tools.factories import import_class
+from lit_spikes.tools.judgement import RECURRENCE
+from lit_spikes.tools.recover.branch import merged
+from lit_spikes.tools.recover.config import RecoverConfig, default_data, default_model
+from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, rung_name
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """A study of one recipe over several seeds: per seed the reference run, the exact
+    resume, each rung of the remedy ladder and diagnose on each flagged spike."""
+
+    log_root: Path = Path("runs/study")
+    """Where every cell's run directory, the report and the figures go."""
+    model: dict[str, Any] = field(default_factory=default_model)
+    """The LightningModule: ``class_path`` and ``init_args`` (``--model``, as ``fit``)."""
+    data: dict[str, Any] = field(default_factory=default_data)
+    """The LightningDataModule: ``class_path`` and ``init_args`` (``--data``). Its train
+    data should be a ``lit_spikes.StepLoader`` for the resumes to continue at the right
+    batch and for data to be skipped."""
+    seeds: list[int] = field(default_factory=lambda: list(range(12)))
+    """``seed_everything`` before each seed's module and data are built: a module that
+    draws its weights from the global RNG (as most do) starts elsewhere in each seed."""
+    seed_args: list[str] = field(default_factory=list)
+    """Init arguments each seed is also given to, as ``model.<name>`` or ``data.<name>``
+    (dotted into a nested one: ``data.config.seed``): for a module or data that seeds
+    itself (``--seed_args [model.seed]``)."""
+    max_steps: int | None = None
+    """Every seed's run ends at this global step (None: the module's
+    ``ToolFacts.run_steps``)."""
+    checkpoint_every: int = 50
+    """The reference run writes ``step=<k>.ckpt`` every this many steps."""
+    val_every: int | None = 100
+    """Validate every this many steps (None: at the end only); the runs are compared by
+    the module's validation metric at the last validation (``ToolFacts.val_metric``)."""
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    """What counts as a spike (recover's ``--detector.*``; the module's own rule where
+    none is set)."""
+    rollback_distance: int = 20
+    """The resumes start from the newest checkpoint at least this many steps before the
+    seed's first spike."""
+    no_spike_step: int | None = None
+    """A seed without a spike gets its resumes placed as if it spiked here (None: at the
+    run's middle), so each remedy's cost where nothing went wrong is measured too."""
+    ladder: tuple[dict[str, Any] | str, ...] = DEFAULT_LADDER
+    """The remedies, each a cell from the checkpoint before the spike (recover's
+    ``ladder``: Callbacks by class path with ``init_args``; by default skip data, scale
+    the LR, skip the step, clip)."""
+    recurrence: float = RECURRENCE
+    """diagnose's bar (the judgement recover shares)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Trainer arguments of every run (recover's ``--trainer.*``)."""
+    num_threads: int | None = 1
+    """torch's intra-op threads in each cell (None: as the worker has them)."""
+    workers: int = 0
+    """Worker processes, one torch thread each (0: one per usable core)."""
+    figures_dir: Path | None = None
+    """A second place for the figures."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_root", Path(self.log_root))
+        if self.figures_dir is not None:
+            object.__setattr__(self, "figures_dir", Path(self.figures_dir))
+        if isinstance(self.detector, dict):
+            object.__setattr__(self, "detector", DetectorConfig(**self.detector))
+        seeds = list(self.seeds)
+        if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+            raise ValueError(f"StudyConfig.seeds={seeds} must be distinct seeds >= 0, at least one")
+        object.__setattr__(self, "seeds", seeds)
+        if self.workers < 0:
+            raise ValueError(f"StudyConfig.workers={self.workers} must be >= 0 (0: one per core)")
+        # the run's own checks (model, data, ladder, trainer), then the seed's arguments'
+        run = self.recover(seeds[0], seeded=False)
+        object.__setattr__(self, "model", run.model)
+        object.__setattr__(self, "data", run.data)
+        object.__setattr__(self, "ladder", run.rungs)
+        object.__setattr__(self, "seed_args", list(self.seed_args))
+        for arg in self.seed_args:
+            section, _, key = str(arg).partition(".")
+            if section not in ("model", "data") or not _takes(getattr(self, section), key):
+                raise ValueError(
+                    f"StudyConfig.seed_args: {arg!r} names no init argument: give "
+                    f"model.<name> of {sorted(self.model['init_args'])} or data.<name> of "
+                    f"{sorted(self.data['init_args'])}"
+                )
+        self.recover(seeds[0])
+        first = self.checkpoint_every + self.rollback_distance
+        if not first <= self.place(None) < run.steps:
+            raise ValueError(
+                f"StudyConfig.no_spike_step={self.no_spike_step} must be in [checkpoint_every + "
+                f"rollback_distance, max_steps) = [{first}, {run.steps}): a checkpoint must "
+                "precede it"
+            )
+        names = [rung_name(r) for r in self.rungs]
+        if "resume_exact" in names or "reference" in names:
+            raise ValueError(f"StudyConfig.ladder={names}: a rung's name is taken by a cell")
+
+    def recover(self, seed: int, seeded: bool = True) -> RecoverConfig:
+        """The run of ``seed`` as recover's config (each cell trains as a branch would),
+        with the seed in ``seed_args`` (``seeded``).
+
+        Raises:
+            ValueError: a setting the run refuses, named as the study's option.
+        """
+        try:
+            return RecoverConfig(
+                log_root=self.log_root,
+                model=self._seeded("model", seed) if seeded else self.model,
+                data=self._seeded("data", seed) if seeded else self.data,
+                max_steps=self.max_steps,
+                checkpoint_every=self.checkpoint_every,
+                val_every=self.val_every,
+                detector=self.detector,
+                rollback_distance=self.rollback_distance,
+                ladder=self.ladder,
+                recurrence=self.recurrence,
+                trainer=self.trainer,
+                seed=seed,
+                num_threads=self.num_threads,
+            )
+        except ValueError as error:
+            raise ValueError(str(error).replace("RecoverConfig", "StudyConfig")) from None
+
+    def _seeded(self, section: str, seed: int) -> dict[str, Any]:
+        """The model's (``section``) or the data's class path with ``seed`` in its
+        ``seed_args``."""
+        value: dict[str, Any] = getattr(self, section)
+        for arg in self.seed_args:
+            where, _, path = arg.partition(".")
+            if where == section:
+                changes: Any = seed
+                for key in reversed(path.split(".")):
+                    changes = {key: changes}
+                value = {**value, "init_args": merged(value.get("init_args") or {}, changes)}
+        return value
+
+    @cached_property
+    def run(self) -> RecoverConfig:
+        """The first seed's run (what every seed shares: the steps, the facts)."""
+        return self.recover(self.seeds[0])
+
+    @property
+    def facts(self) -> ToolFacts:
+        return self.run.facts
+
+    @property
+    def steps(self) -> int:
+        return self.run.steps
+
+    @property
+    def rungs(self) -> tuple[dict[str, Any], ...]:
+        return tuple(r for r in self.ladder if isinstance(r, dict))
+
+    def place(self, onset: int | None) -> int:
+        """Where a seed's resumes are placed: its first spike, else ``no_spike_step``."""
+        if onset is not None:
+            return onset
+        return self.steps // 2 if self.no_spike_step is None else self.no_spike_step
+
+    def checkpoint_before(self, step: int) -> int | None:
+        """The newest checkpoint at least ``rollback_distance`` steps before ``step``
+        (``RollbackRestore``'s choice), else the newest before it (None: none is)."""
+        every = self.checkpoint_every
+        k = (max(step - self.rollback_distance, 0) // every) * every
+        if k < every:
+            k = ((step - 1) // every) * every
+        return k if k >= every else None
+
+    def fingerprint(self) -> str:
+        """What decides each cell's numbers: a log root holds the cells of one. Not the
+        seeds (more seeds reuse the cells done), where files go, nor the workers."""
+        numbers: dict[str, Any] = asdict(self)
+        for key in ("log_root", "figures_dir", "workers", "seeds"):
+            numbers.pop(key)
+        text = json.dumps(numbers, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+QUICK: dict[str, Any] = {"seeds": [0, 1]}
+"""``--quick``: two seeds (the other options as given)."""
+
+
+def _takes(class_path: dict[str, Any], key: str) -> bool:
+    """Whether the class takes the init argument ``key`` (dotted: its first name), by
+    name or through ``**kwargs`` handed on to a parent class (as the command line does)."""
+    name = key.split(".")[0]
+    if name in (class_path.get("init_args") or {}):
+        return True
+    klass = import_class(class_path["class_path"], object, "StudyConfig.seed_args")
+    return f"init.{name}" in class_defaults(klass, "init")
