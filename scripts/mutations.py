@@ -822,14 +822,32 @@ MUTATIONS = [
         "lit_spikes/tools/study/cells.py",
         '"params_equal": not differing and set(saved) == set(state),',
         '"params_equal": True,',
-        ("tests/tools/test_study.py::test_a_resume_that_is_not_exact_fails_the_finding",),
+        (
+            "tests/tools/test_study.py::test_a_resume_that_is_not_exact_fails_the_finding",
+            "tests/tools/test_study.py::test_the_comparison_names_each_tensor_that_differs",
+        ),
     ),
     Mutation(
         "study_compares_remedies_the_wrong_way",  # a remedy that ends worse counted better
         "lit_spikes/tools/study/report.py",
         'return bool(rung > nothing if config.facts.val_mode == "max" else rung < nothing)',
         'return bool(rung < nothing if config.facts.val_mode == "max" else rung > nothing)',
-        ("tests/tools/test_study.py::test_the_study_of_a_users_module_finds_its_planted_spike",),
+        (
+            "tests/tools/test_study.py::test_a_remedy_is_better_by_the_modules_own_direction",
+            "tests/tools/test_study.py::test_findings_count_seeds_with_and_without_a_spike_apart",
+        ),
+    ),
+    Mutation(
+        "early_warning_forgets_false_alarms",  # only the crossings a spike followed count
+        "lit_spikes/tools/study/early_warning.py",
+        "        count.alarms += len(alarms)\n",
+        "        count.alarms += sum(map(followed, alarms))\n",
+        (
+            "tests/tools/test_study.py::"
+            "test_alarms_count_against_the_spikes_that_follow_within_the_lead",
+            "tests/tools/test_study.py::"
+            "test_a_signal_crossing_at_random_warns_no_better_than_chance",
+        ),
     ),
 ]
 

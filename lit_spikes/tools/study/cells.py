@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import yaml
 from lightning.fabric.utilities.seed import seed_everything
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lit_spikes.callbacks import Spike, TrainingCurves
 from lit_spikes.checkpoints import atomic_torch_save, atomic_write
@@ -36,11 +37,14 @@ from lit_spikes.tools.recover.remedies import (
 from lit_spikes.tools.resume_callbacks import with_exact_resume
 from lit_spikes.tools.run_record import RECORD_NAME
 from lit_spikes.tools.study.config import StudyConfig
+from lit_spikes.tools.study.early_warning import UPDATE_NORMS, BlockUpdateNorms
 from lit_spikes.tools.study.jobs import RESULT, Cell, StudyPlan
+from lit_spikes.tools.study.sweep import point_name
 
 REFERENCE = "reference"
 RESUME = "resume_exact"
 DIAGNOSE = "diagnose"
+SWEEP = "sweep"
 FINAL_STATE = "final_state.pt"
 """The reference's final weights, which the exact resume is compared with (``torch.equal``)."""
 DIAGNOSE_STEPS = 4
@@ -52,8 +56,21 @@ def seed_dir(seed: int) -> str:
 
 
 def first_cells(config: StudyConfig) -> list[Cell]:
-    """Each seed's reference run."""
-    return [Cell(f"{seed_dir(s)}/{REFERENCE}", REFERENCE, s, 0, config.steps) for s in config.seeds]
+    """Each seed's reference run, and the sweep's runs."""
+    steps = config.steps
+    cells = [Cell(f"{seed_dir(s)}/{REFERENCE}", REFERENCE, s, 0, steps) for s in config.seeds]
+    sweep = config.sweep
+    if sweep.lr_arg is None:
+        return cells
+    steps = sweep.steps or steps
+    for factor in sweep.factors:
+        lr = factor * config.own_lr()
+        for variant in sweep.arms:
+            for seed in config.seeds[: sweep.seeds]:
+                params = {"peak_lr": lr, "factor": factor, "variant": variant}
+                name = point_name(lr, variant, seed)
+                cells.append(Cell(name, SWEEP, seed, 0, steps, params))
+    return cells
 
 
 def seed_cells(config: StudyConfig, reference: dict[str, Any]) -> list[Cell]:
@@ -137,17 +154,28 @@ def _remedies(config: StudyConfig, cell: Cell) -> list[Any]:
     return remedy_callbacks([remedy_spec(cell.params["rung"], context)])
 
 
+def _run(config: StudyConfig, cell: Cell) -> RecoverConfig:
+    """What the cell trains: its seed's run, or a sweep point's."""
+    if cell.kind == SWEEP:
+        params = cell.params
+        return config.sweep_run(cell.model_seed, params["factor"], params["variant"])
+    return config.recover(cell.model_seed)
+
+
 def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
-    run = config.recover(cell.model_seed)
-    facts = run.facts
+    run = _run(config, cell)
     run_dir = config.log_root / cell.name
     is_reference = cell.kind == REFERENCE
-    start = 0 if is_reference else int(cell.params["ckpt_step"])
-    remedies = [] if cell.kind in (REFERENCE, RESUME) else _remedies(config, cell)
-    detector = run.detector.build(facts)
+    start = 0 if cell.kind in (REFERENCE, SWEEP) else int(cell.params["ckpt_step"])
+    remedies = [] if cell.kind in (REFERENCE, RESUME, SWEEP) else _remedies(config, cell)
+    detector = run.detector.build(run.facts)
     clock = StepClock()
-    history = HistoryLog(run_dir / HISTORY_NAME, clock, True, [c.key for c in facts.columns])
+    columns = [c.key for c in run.facts.columns]
+    history = HistoryLog(run_dir / HISTORY_NAME, clock, True, columns)
     callbacks = [detector, *remedies, clock, history, TrainingCurves()]
+    if is_reference:  # the early-warning signals (it changes nothing the run computes)
+        callbacks.append(BlockUpdateNorms(run_dir / UPDATE_NORMS))
+        _write_record(run_dir, run)
     spec = RunSpec(
         log_root=config.log_root,
         name=cell.name,
@@ -159,18 +187,8 @@ def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
         trainer_kwargs=run.trainer_kwargs(),
         resume_step=start or None,
     )
-    ckpt = None if is_reference else checkpoint_path(_reference_dir(config, cell), start)
-    if is_reference:
-        _write_record(run_dir, run)
-    seed_everything(cell.model_seed, verbose=False)
-    if run.num_threads is not None:
-        torch.set_num_threads(run.num_threads)
-    builders = Builders.of(run)
-    module, data = builders.model(), builders.datamodule()
-    try:
-        spec.trainer().fit(module, datamodule=data, ckpt_path=ckpt)
-    finally:
-        history.close()
+    ckpt = checkpoint_path(_reference_dir(config, cell), start) if start else None
+    module = _fit(run, spec, cell, ckpt, history)
     records = read_history(run_dir / HISTORY_NAME)
     onsets = [s for s in detector.onsets if s >= start]
     out: dict[str, Any] = {
@@ -187,6 +205,32 @@ def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
     elif cell.kind == RESUME:
         out |= _compare(config, cell, state, records)
     return out
+
+
+def _fit(
+    run: RecoverConfig, spec: RunSpec, cell: Cell, ckpt: Path | None, history: HistoryLog
+) -> Any:
+    """Build the module and data after the seed, and train them; the module trained. A
+    sweep point is validated first (its loss at initialization)."""
+    seed_everything(cell.model_seed, verbose=False)
+    if run.num_threads is not None:
+        torch.set_num_threads(run.num_threads)
+    builders = Builders.of(run)
+    module, data = builders.model(), builders.datamodule()
+    try:
+        trainer = spec.trainer()
+        if cell.kind == SWEEP and _validates(module, data):
+            trainer.validate(module, datamodule=data, verbose=False)
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    finally:
+        history.close()
+    return module
+
+
+def _validates(module: Any, data: Any) -> bool:
+    """Whether the run has validation data (the module's own or its data module's)."""
+    owner = data if data is not None else module
+    return is_overridden("val_dataloader", owner) or is_overridden("val_dataloader", module)
 
 
 def _write_record(run_dir: Path, run: RecoverConfig) -> None:

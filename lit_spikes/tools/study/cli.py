@@ -33,7 +33,9 @@ DESCRIPTION = (
     "checkpoint before its first spike, and diagnose on each flagged spike; each finding "
     "as k of n with a 95%% Wilson interval. --model/--data: any LightningModule and "
     "LightningDataModule by class path, as lit-spikes fit takes them. Rerun the same "
-    "command to continue a stopped study. --quick: two seeds."
+    "command to continue a stopped study. With --sweep.lr_arg model.<name>: an LR sweep "
+    "over two decades with and without --sweep.variant, and each one's LR sensitivity "
+    "(Wortsman et al., 2023). --quick: two seeds, three LRs."
 )
 
 
@@ -95,6 +97,9 @@ def finish(config: StudyConfig, run: StudyRun) -> None:
     paths = write_report(config, report)
     for finding in [f for f in report.findings if f.n]:
         print(f"- {finding.sentence()}")
+    print(f"- early warning: {report.warning_line}")
+    for line in report.sweep_lines:
+        print(f"- {line}")
     if run.computed:
         print(
             f"{len(run.results)} cells ({len(run.computed)} computed in "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from lit_spikes.tools.judgement import RECURRENCE
 from lit_spikes.tools.recover.branch import merged
 from lit_spikes.tools.recover.config import RecoverConfig, default_data, default_model
 from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, rung_name
+from lit_spikes.tools.study.early_warning import LeadConfig
+from lit_spikes.tools.study.sweep import SweepConfig
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class StudyConfig:
     the LR, skip the step, clip)."""
     recurrence: float = RECURRENCE
     """diagnose's bar (the judgement recover shares)."""
+    leads: LeadConfig = field(default_factory=LeadConfig)
+    """Early warning: what a signal's crossing is, and the leads judged."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """The LR-sensitivity sweep (``sweep.lr_arg`` names where the LR goes; none without)."""
     trainer: dict[str, Any] = field(default_factory=dict)
     """Trainer arguments of every run (recover's ``--trainer.*``)."""
     num_threads: int | None = 1
@@ -80,6 +86,10 @@ class StudyConfig:
             object.__setattr__(self, "figures_dir", Path(self.figures_dir))
         if isinstance(self.detector, dict):
             object.__setattr__(self, "detector", DetectorConfig(**self.detector))
+        if isinstance(self.leads, dict):
+            object.__setattr__(self, "leads", LeadConfig(**self.leads))
+        if isinstance(self.sweep, dict):
+            object.__setattr__(self, "sweep", SweepConfig(**self.sweep))
         seeds = list(self.seeds)
         if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
             raise ValueError(f"StudyConfig.seeds={seeds} must be distinct seeds >= 0, at least one")
@@ -111,10 +121,65 @@ class StudyConfig:
         names = [rung_name(r) for r in self.rungs]
         if "resume_exact" in names or "reference" in names:
             raise ValueError(f"StudyConfig.ladder={names}: a rung's name is taken by a cell")
+        self._check_sweep()
 
-    def recover(self, seed: int, seeded: bool = True) -> RecoverConfig:
+    def _check_sweep(self) -> None:
+        sweep = self.sweep
+        if sweep.lr_arg is None:
+            return
+        key = sweep.lr_arg.partition(".")[2]
+        lr = self.own_lr()
+        if not isinstance(lr, int | float) or isinstance(lr, bool) or not lr > 0:
+            raise ValueError(
+                f"StudyConfig.sweep.lr_arg={sweep.lr_arg!r}: the model's {key} is {lr!r}, not "
+                f"a learning rate > 0 (its init arguments: {sorted(self.model['init_args'])})"
+            )
+        if isinstance(sweep.variant, str):
+            names = [v.name for v in self.facts.variants]
+            if sweep.variant not in names:
+                raise ValueError(
+                    f"StudyConfig.sweep.variant={sweep.variant!r}: {self.run.model_name} states "
+                    f"the variants {names} (ToolFacts.variants); or give init arguments"
+                )
+        if sweep.seeds > len(self.seeds):
+            raise ValueError(
+                f"StudyConfig.sweep.seeds={sweep.seeds} must be at most the study's "
+                f"{len(self.seeds)} seeds"
+            )
+        self.sweep_run(self.seeds[0], self.sweep.factors[-1], variant=True)
+
+    def own_lr(self) -> Any:
+        """The value of the model's ``sweep.lr_arg`` (its init argument or its default)."""
+        assert self.sweep.lr_arg is not None
+        path = self.sweep.lr_arg.partition(".")[2].split(".")
+        value: Any = self.model.get("init_args") or {}
+        if path[0] not in value:
+            klass = import_class(self.model["class_path"], object, "StudyConfig.sweep.lr_arg")
+            value = {path[0]: class_defaults(klass, "init").get(f"init.{path[0]}")}
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    def sweep_run(self, seed: int, factor: float, variant: bool) -> RecoverConfig:
+        """A sweep run: the seed's, from scratch at ``factor`` x the model's own LR, with
+        the variant (``variant``), validated at its end only."""
+        assert self.sweep.lr_arg is not None
+        model = with_arg(self.model, self.sweep.lr_arg.partition(".")[2], factor * self.own_lr())
+        change = self.sweep.variant
+        if variant and change is not None:
+            changes = self.facts.variant(change).init_args if isinstance(change, str) else change
+            model = {**model, "init_args": merged(model.get("init_args") or {}, changes)}
+        run = self.recover(seed, model=model)
+        try:
+            return replace(run, max_steps=self.sweep.steps or run.steps, val_every=None)
+        except ValueError as error:
+            raise ValueError(str(error).replace("RecoverConfig", "StudyConfig.sweep")) from None
+
+    def recover(
+        self, seed: int, seeded: bool = True, model: dict[str, Any] | None = None
+    ) -> RecoverConfig:
         """The run of ``seed`` as recover's config (each cell trains as a branch would),
-        with the seed in ``seed_args`` (``seeded``).
+        with the seed in ``seed_args`` (``seeded``), of ``model`` (None: the study's).
 
         Raises:
             ValueError: a setting the run refuses, named as the study's option.
@@ -122,8 +187,8 @@ class StudyConfig:
         try:
             return RecoverConfig(
                 log_root=self.log_root,
-                model=self._seeded("model", seed) if seeded else self.model,
-                data=self._seeded("data", seed) if seeded else self.data,
+                model=self._seeded(model or self.model, "model", seed, seeded),
+                data=self._seeded(self.data, "data", seed, seeded),
                 max_steps=self.max_steps,
                 checkpoint_every=self.checkpoint_every,
                 val_every=self.val_every,
@@ -138,17 +203,15 @@ class StudyConfig:
         except ValueError as error:
             raise ValueError(str(error).replace("RecoverConfig", "StudyConfig")) from None
 
-    def _seeded(self, section: str, seed: int) -> dict[str, Any]:
-        """The model's (``section``) or the data's class path with ``seed`` in its
-        ``seed_args``."""
-        value: dict[str, Any] = getattr(self, section)
-        for arg in self.seed_args:
+    def _seeded(
+        self, value: dict[str, Any], section: str, seed: int, seeded: bool
+    ) -> dict[str, Any]:
+        """The model's (``section``) or the data's class path ``value`` with ``seed`` in
+        its ``seed_args`` (``seeded``)."""
+        for arg in self.seed_args if seeded else []:
             where, _, path = arg.partition(".")
             if where == section:
-                changes: Any = seed
-                for key in reversed(path.split(".")):
-                    changes = {key: changes}
-                value = {**value, "init_args": merged(value.get("init_args") or {}, changes)}
+                value = with_arg(value, path, seed)
         return value
 
     @cached_property
@@ -167,6 +230,12 @@ class StudyConfig:
     @property
     def rungs(self) -> tuple[dict[str, Any], ...]:
         return tuple(r for r in self.ladder if isinstance(r, dict))
+
+    @property
+    def first_step(self) -> int:
+        """The first step the detector judges (its ``min_step``, else the module's warm-up)."""
+        given = self.detector.min_step
+        return self.facts.warmup_steps if given is None else given
 
     def place(self, onset: int | None) -> int:
         """Where a seed's resumes are placed: its first spike, else ``no_spike_step``."""
@@ -189,12 +258,23 @@ class StudyConfig:
         numbers: dict[str, Any] = asdict(self)
         for key in ("log_root", "figures_dir", "workers", "seeds"):
             numbers.pop(key)
+        numbers["sweep"].pop("seeds")  # more seeds a point reuse the cells done
         text = json.dumps(numbers, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-QUICK: dict[str, Any] = {"seeds": [0, 1]}
-"""``--quick``: two seeds (the other options as given)."""
+QUICK: dict[str, Any] = {"seeds": [0, 1], "sweep.factors": [0.1, 1.0, 10.0]}
+"""``--quick``: two seeds, a sweep of three LRs over two decades (the other options as
+given)."""
+
+
+def with_arg(class_path: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """``class_path`` with ``value`` at its init argument ``path`` (dotted into a nested
+    one: ``optim.peak_lr``)."""
+    changes: Any = value
+    for key in reversed(path.split(".")):
+        changes = {key: changes}
+    return {**class_path, "init_args": merged(class_path.get("init_args") or {}, changes)}
 
 
 def _takes(class_path: dict[str, Any], key: str) -> bool:

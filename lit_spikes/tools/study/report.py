@@ -8,6 +8,7 @@ over the same data positions."""
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from typing import Any
 
 from lit_spikes.tools.recover.measure import common_measure
 from lit_spikes.tools.recover.remedies import rung_name
-from lit_spikes.tools.study.cells import DIAGNOSE, REFERENCE, RESUME
+from lit_spikes.tools.study.cells import DIAGNOSE, REFERENCE, RESUME, SWEEP
 from lit_spikes.tools.study.config import StudyConfig
-from lit_spikes.tools.study.findings import Finding, SeedCells, count
+from lit_spikes.tools.study.early_warning import LeadCount, early_warning, verdict
+from lit_spikes.tools.study.findings import Finding, SeedCells, count, wilson
+from lit_spikes.tools.study.sweep import points, summary
 from lit_spikes.tools.study.tables import (
     cell_text,
     findings_section,
@@ -36,6 +39,14 @@ class StudyReport:
     ``diagnose_step35``)."""
     measures: list[dict[str, Any]]
     """Each seed's measure: ``name`` and the value of each run compared."""
+    sweep: list[dict[str, Any]]
+    """The sweep's points (``sweep.points``)."""
+    sweep_lines: list[str]
+    """Its LR sensitivity in words."""
+    warnings: dict[str, list[LeadCount]]
+    """Each early-warning signal's counts at each lead."""
+    warning_line: str
+    """Which signal warns best, or none."""
     markdown: str
 
 
@@ -43,7 +54,7 @@ def by_seed(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, dict[str
     """Each seed's cells by their name in the seed, in seed order (the sweep's apart)."""
     seeds: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for result in results.values():
-        if result["kind"] != "sweep":
+        if result["kind"] != SWEEP:
             key = (result["model_seed"], result["data_seed"])
             seeds.setdefault(key, {})[result["name"].rsplit("/", 1)[-1]] = dict(result)
     return [seeds[key] for key in sorted(seeds, key=lambda k: (k[1], k[0]))]
@@ -123,7 +134,18 @@ def build_report(
 ) -> StudyReport:
     seeds = [s for s in by_seed(results) if REFERENCE in s]
     measures = [seed_measure(config, s) for s in seeds]
-    report = StudyReport(findings(config, seeds, measures), seeds, measures, "")
+    sign = -1.0 if config.facts.val_mode == "max" else 1.0
+    swept = points(
+        [r for r in results.values() if r["kind"] == SWEEP], config.facts.val_metric, sign
+    )
+    variant = config.sweep.variant
+    named = variant if isinstance(variant, str) or variant is None else json.dumps(variant)
+    lines = summary(swept, named)
+    columns = [c.key for c in config.facts.columns]
+    references = [s[REFERENCE] for s in seeds]
+    table = early_warning(references, config.log_root, columns, config.leads, config.first_step)
+    found = findings(config, seeds, measures)
+    report = StudyReport(found, seeds, measures, swept, lines, table, verdict(table), "")
     report.markdown = _markdown(config, report, len(results), wall_s)
     return report
 
@@ -139,6 +161,8 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
         "",
         *findings_section([f for f in report.findings if f.n]),  # all in findings.csv
         *_seeds_section(config, report),
+        *_warning_section(config, report),
+        *_sweep_section(config, report),
     ]
     return "\n".join(lines)
 
@@ -171,10 +195,57 @@ def _seeds_section(config: StudyConfig, report: StudyReport) -> list[str]:
     return [f"## Each seed: {measured}", "", *table(header, rows), ""]
 
 
+def _warning_section(config: StudyConfig, report: StudyReport) -> list[str]:
+    leads = config.leads
+    intro = (
+        f"Each reference run's signals from step {config.first_step}: a signal crosses where "
+        f"it exceeds {leads.ratio:g}x the mean of its previous {leads.window} values. At "
+        "lead L a crossing is a true alarm where a spike's onset follows within L steps, "
+        "else a false alarm; the steps judged are the stretches between spikes (not a "
+        "flagged step, which is the spike itself, nor one whose window holds a spike's "
+        "onset, its aftermath); "
+        "chance is the share of the steps judged that a spike follows within L steps, the "
+        "precision of alarms raised at random; a spike is warned where a crossing came in "
+        "the L steps before its onset."
+    )
+    lines = ["## Early warning", "", intro, "", report.warning_line, ""]
+    header = ["lead", "alarms", "false alarms", "precision (95%)", "chance", "spikes warned"]
+    for name, counts in report.warnings.items():
+        rows = []
+        for c in counts:
+            lo, hi = wilson(c.true_alarms, c.alarms)
+            precision = f"{c.precision:.2f} ({lo:.2f}-{hi:.2f})" if c.alarms else "-"
+            rows.append([c.lead, c.alarms, c.alarms - c.true_alarms, precision, c.chance])
+            rows[-1].append(f"{c.warned} of {c.spikes}")
+        lines += [f"**{name}**", "", *table(header, rows), ""]
+    return lines
+
+
+def _sweep_section(config: StudyConfig, report: StudyReport) -> list[str]:
+    if not report.sweep:
+        return []
+    sweep = config.sweep
+    intro = (
+        f"From scratch at each peak LR ({sweep.lr_arg}: the model's own "
+        f"{config.own_lr():.3g} times {sweep.factors}), {sweep.seeds} seed(s) a point, "
+        f"{sweep.steps or config.steps} steps; the loss at initialization and at the end: "
+        f"{report.sweep[0]['measure']}. LR sensitivity (Wortsman et al., 2023): the mean "
+        "over the LRs of min(final loss, initial loss) - the best final loss (docs/study.md)."
+    )
+    header = ["peak LR", "variant", "seeds", "initial loss", "final loss", "runs spiked"]
+    keys = ("seeds", "initial_loss", "final_loss", "spiked")
+    rows = [
+        [f"{p['peak_lr']:.3g}", "yes" if p["variant"] else "no", *(p[k] for k in keys)]
+        for p in report.sweep
+    ]
+    lines = ["## LR sensitivity (Wortsman et al., 2023)", "", intro, "", *table(header, rows)]
+    return [*lines, "", *(f"- {line}" for line in report.sweep_lines), ""]
+
+
 def write_report(config: StudyConfig, report: StudyReport) -> list[Path]:
     """``report.md``, ``findings.csv`` and ``cells.csv`` in the log root; returns them."""
     root = config.log_root
-    paths = [root / "report.md", root / "findings.csv", root / "cells.csv"]
+    paths = [root / "report.md", root / "findings.csv", root / "cells.csv", root / "sweep.csv"]
     paths[0].write_text(report.markdown)
     write_findings_csv(paths[1], report.findings)
     keys = ["name", "kind", "seed", "start_step", "onsets", "measure", "params_equal", "cause"]
@@ -190,4 +261,10 @@ def write_report(config: StudyConfig, report: StudyReport) -> list[Path]:
                 }
                 values["onsets"] = " ".join(map(str, cell.get("onsets") or []))
                 writer.writerow([cell_text(values.get(k)) for k in keys])
+    with paths[3].open("w", newline="") as handle:
+        columns = ["peak_lr", "variant", "seeds", "initial_loss", "final_loss", "measure"]
+        columns.append("spiked")
+        points_writer = csv.DictWriter(handle, columns)
+        points_writer.writeheader()
+        points_writer.writerows(report.sweep)
     return paths

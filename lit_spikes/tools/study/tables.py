@@ -29,7 +29,9 @@ def cell_text(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.{digits}f}"
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.{digits}f}" if abs(value) < 1e6 else f"{value:.3g}"  # a diverged run
     return str(value)
 
 
