@@ -101,6 +101,8 @@ def test_the_findings_are_the_cells_own(studied: tuple[Path, str]) -> None:
     assert "warns best" in report or "No signal warns better than chance" in report
     with (root / "cells.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == len(cells) - 6  # the sweep's apart
+    for figure in ("study_outcomes.png", "study_warnings.png", "study_sweep.png"):
+        assert (root / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -47,6 +47,8 @@ class StudyReport:
     """Each early-warning signal's counts at each lead."""
     warning_line: str
     """Which signal warns best, or none."""
+    variant: str
+    """The sweep's variant as the report names it."""
     markdown: str
 
 
@@ -145,7 +147,10 @@ def build_report(
     references = [s[REFERENCE] for s in seeds]
     table = early_warning(references, config.log_root, columns, config.leads, config.first_step)
     found = findings(config, seeds, measures)
-    report = StudyReport(found, seeds, measures, swept, lines, table, verdict(table), "")
+    variant_name = named or ""
+    report = StudyReport(
+        found, seeds, measures, swept, lines, table, verdict(table), variant_name, ""
+    )
     report.markdown = _markdown(config, report, len(results), wall_s)
     return report
 
