@@ -163,6 +163,13 @@ def test_a_resume_that_is_not_exact_fails_the_finding(tmp_path: Path) -> None:
         ("--sweep.lr_arg", "model.no_lr", "the model's no_lr is None, not a learning rate"),
         ("--sweep.variant", "qk_norm", "sweep.variant='qk_norm': tests.modules.spiky"),
         ("--sweep.factors", "[1.0]", "sweep.factors=[1.0] must be two or more"),
+        ("--variants", "true", "ValidatedRegressor states no ToolFacts.variants"),
+        ("--controls", "{other: {optim: {}}}", "StudyConfig.controls: 'other'"),
+        (
+            "--ladder",
+            "[lit_spikes.callbacks.ClipGradients, lit_spikes.callbacks.ClipGradients]",
+            "must be named apart",
+        ),
     ],
 )
 def test_bad_options_are_usage_errors_before_anything_runs(
@@ -302,9 +309,13 @@ def test_findings_count_seeds_with_and_without_a_spike_apart() -> None:
     from lit_spikes.tool_facts import ToolFacts
     from lit_spikes.tools.study.report import findings
 
-    rung = {"class_path": "lit_spikes.callbacks.ClipGradients", "init_args": {"value": 1.0}}
+    rung = {"name": "clip", "class_path": "lit_spikes.callbacks.ClipGradients"}
     config: Any = SimpleNamespace(
-        detector=SimpleNamespace(monitor=("loss",)), facts=ToolFacts(), rungs=(rung,)
+        detector=SimpleNamespace(monitor=("loss",)),
+        facts=ToolFacts(),
+        rungs=({**rung, "init_args": {"value": 1.0}},),
+        variant_cells=[],
+        controls={},
     )
     exact = {"params_equal": True, "losses_equal": True}
     seeds = [
@@ -323,3 +334,69 @@ def test_findings_count_seeds_with_and_without_a_spike_apart() -> None:
         "clip_better": (1, 1),
         "clip_better_no_spike": (0, 1),
     }
+
+
+@pytest.mark.slow
+def test_the_demos_study_is_one_configuration_of_the_study_of_any_module(
+    tmp_path: Path,
+) -> None:
+    """configs/study/demo-quick.yaml (the study of any module on the demo's classes) trains
+    what the demos' own ``--quick`` study trains, bit for bit: every loss of every cell
+    and its final val bits/char. One seed; the no-spike placement at 26, where the demos'
+    skip window ending at it is not clamped by the checkpoint at 20."""
+    common = ["--no_spike_step", "26"]
+    lit_spikes(
+        ["study", "--quick", "--model_seeds", "[0]", *common, "--log_root", str(tmp_path / "old")]
+    )
+    config = str(REPO / "configs" / "study" / "demo-quick.yaml")
+    new = ["study", "--config", config, "--seeds", "[0]", *common]
+    lit_spikes([*new, "--log_root", str(tmp_path / "new")])
+    old, gen = _cells(tmp_path / "old"), _cells(tmp_path / "new")
+    pairs = {
+        f"seed00-data0/{k}": f"seed00/{k}" for k in ("reference", "resume_exact", "fresh_adamw")
+    }
+    pairs |= {
+        f"seed00-data0/{k}": f"seed00/{k}" for k in ("skip_before", "skip_straddle", "scale_lr")
+    }
+    pairs |= {
+        "seed00-data0/clip": "seed00/clip",
+        "seed00-data0/other_data_seed": "seed00/other_data_seed",
+    }
+    pairs |= {"seed00-data0/qk_norm": "seed00/variant_qk_norm"}
+    for lr in ("0.01", "0.1"):
+        pairs |= {f"sweep/lr{lr}-qk0-seed0": f"sweep/lr{lr}-plain-seed00"}
+        pairs |= {f"sweep/lr{lr}-qk1-seed0": f"sweep/lr{lr}-variant-seed00"}
+    for before, now in pairs.items():
+        losses = {int(r["step"]): r["loss"] for r in old[before]["history"]}
+        assert losses == {int(r["step"]): r["loss"] for r in gen[now]["records"] if "step" in r}, (
+            now
+        )
+        if old[before]["kind"] != "sweep":
+            validated = [r["val"]["val/bpc"] for r in gen[now]["records"] if "val_step" in r]
+            assert validated[-1] == old[before]["val_bpc"], now
+
+
+@pytest.mark.slow
+def test_every_cell_is_in_the_hparams_view(studied: tuple[Path, str]) -> None:
+    """Each training cell is a TensorBoard run with its row, seed and kind (a sweep point
+    its LR) and its final val_loss as ``hp/val_loss``; the report is TensorBoard text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    root, _ = studied
+    cells = _cells(root)
+    for name in ("seed01/skip_data", "sweep/lr1-variant-seed00"):
+        accumulator = EventAccumulator(str(root / name), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+        assert hparams["row"].string_value == name.rsplit("/", 1)[-1]
+        assert hparams["seed"].number_value == int(name.endswith("01/skip_data"))
+        final = [r["val"]["val_loss"] for r in cells[name]["records"] if "val_step" in r][-1]
+        logged = accumulator.Scalars("hp/val_loss")[-1].value
+        assert logged == pytest.approx(final, rel=1e-6) or math.isnan(final)  # float32
+    assert hparams["peak_lr"].number_value == 1.0 and hparams["variant"].number_value == 1.0
+    summary = EventAccumulator(str(root / "summary"), size_guidance={"tensors": 0})
+    summary.Reload()
+    text = summary.Tensors("study/report/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert text.startswith("# lit-spikes study")

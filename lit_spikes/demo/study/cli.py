@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from lit_spikes.demo.study.config import QUICK, StudyConfig
 from lit_spikes.tools import command_parser, parse_config
 from lit_spikes.tools.study import (
@@ -44,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
     one that cannot be written) exit 2 before any cell runs; a signal exits 128 + its
     number, the cells done kept."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("--model", "--data") or a.startswith(("--model=", "--data=")) for a in args):
+    if _of_a_module(args):
         # A study of any module, the demo's by its class path too: the tools' own command
         from lit_spikes.tools.study import main as study_of_module
 
@@ -85,6 +87,23 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
         raise SystemExit(128 + stop.signum) from None
     finish(config, run)
     return run
+
+
+def _of_a_module(args: Sequence[str]) -> bool:
+    """Whether the command names a module (``--model``/``--data``, or a ``--config`` file
+    with a ``model`` or ``data``, as configs/study/demo.yaml): the study of any module."""
+    if any(a in ("--model", "--data") or a.startswith(("--model=", "--data=")) for a in args):
+        return True
+    files = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    files += [a.partition("=")[2] for a in args if a.startswith("--config=")]
+    for name in files:
+        try:
+            loaded = yaml.safe_load(Path(name).read_text())
+        except (OSError, yaml.YAMLError):
+            continue  # the parser below says what is wrong with it
+        if isinstance(loaded, dict) and ({"model", "data"} & set(loaded)):
+            return True
+    return False
 
 
 def finish(config: StudyConfig, run: StudyRun) -> None:

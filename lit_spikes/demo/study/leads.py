@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from lit_spikes.checkpoints import atomic_write
 from lit_spikes.demo.study.config import LeadConfig
+from lit_spikes.tools.study import crossings as crossings
 
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 
@@ -70,18 +71,6 @@ class UpdateNormRecorder(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         text = json.dumps({str(k): v for k, v in sorted(self.norms.items())})
         atomic_write(self.path, lambda handle: handle.write(text.encode()))
-
-
-def crossings(values: Mapping[int, float], config: LeadConfig) -> list[int]:
-    """The steps at which a signal exceeds ``config.ratio`` x the mean of its previous
-    ``config.window`` values (none before a full window)."""
-    steps = sorted(values)
-    out = []
-    for i in range(config.window, len(steps)):
-        previous = [values[s] for s in steps[i - config.window : i]]
-        if values[steps[i]] > config.ratio * (sum(previous) / len(previous)):
-            out.append(steps[i])
-    return out
 
 
 def lead(values: Mapping[int, float], onset: int, config: LeadConfig) -> int | None:

@@ -6,6 +6,7 @@ what each seed runs; ``jobs``: the cells as a job a rerun continues; ``findings`
 
 from typing import TYPE_CHECKING, Any
 
+from lit_spikes.tools.study.early_warning import crossings
 from lit_spikes.tools.study.findings import Finding, SeedCells, count, wilson
 from lit_spikes.tools.study.jobs import (
     RESULT,
@@ -43,6 +44,7 @@ __all__ = [
     "cell_text",
     "check_log_root",
     "count",
+    "crossings",
     "done_cells",
     "findings_section",
     "machine",

@@ -24,27 +24,28 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lit_spikes.callbacks import Spike, TrainingCurves
 from lit_spikes.checkpoints import atomic_torch_save, atomic_write
 from lit_spikes.shared.plain import plain_config
+from lit_spikes.shared.tb import hparam_tag, write_hparams
 from lit_spikes.shared.training import RunSpec, checkpoint_path
 from lit_spikes.tools.recover.branch import Builders
 from lit_spikes.tools.recover.config import RecoverConfig
 from lit_spikes.tools.recover.history import HISTORY_NAME, HistoryLog, StepClock, read_history
-from lit_spikes.tools.recover.remedies import (
-    SpikeContext,
-    remedy_callbacks,
-    remedy_spec,
-    rung_name,
-)
+from lit_spikes.tools.recover.remedies import SpikeContext, remedy_callbacks, remedy_spec
 from lit_spikes.tools.resume_callbacks import with_exact_resume
 from lit_spikes.tools.run_record import RECORD_NAME
-from lit_spikes.tools.study.config import StudyConfig
+from lit_spikes.tools.study.config import StudyConfig, plain_rung
 from lit_spikes.tools.study.early_warning import UPDATE_NORMS, BlockUpdateNorms
 from lit_spikes.tools.study.jobs import RESULT, Cell, StudyPlan
-from lit_spikes.tools.study.sweep import point_name
+from lit_spikes.tools.study.sweep import metric_of, point_name
 
 REFERENCE = "reference"
 RESUME = "resume_exact"
+REMEDY = "remedy"
 DIAGNOSE = "diagnose"
 SWEEP = "sweep"
+VARIANT = "variant"
+CONTROL = "control"
+FROM_SCRATCH = (REFERENCE, SWEEP, VARIANT)
+"""Cells that train from step 0 (the others resume from the reference's checkpoint)."""
 FINAL_STATE = "final_state.pt"
 """The reference's final weights, which the exact resume is compared with (``torch.equal``)."""
 DIAGNOSE_STEPS = 4
@@ -56,18 +57,21 @@ def seed_dir(seed: int) -> str:
 
 
 def first_cells(config: StudyConfig) -> list[Cell]:
-    """Each seed's reference run, and the sweep's runs."""
+    """Each seed's reference run (and its variants' runs), and the sweep's runs."""
     steps = config.steps
-    cells = [Cell(f"{seed_dir(s)}/{REFERENCE}", REFERENCE, s, 0, steps) for s in config.seeds]
+    cells = []
+    for seed in config.seeds:
+        cells.append(Cell(f"{seed_dir(seed)}/{REFERENCE}", REFERENCE, seed, 0, steps))
+        for name in config.variant_cells:
+            cells.append(Cell(f"{seed_dir(seed)}/{name}", VARIANT, seed, 0, steps))
     sweep = config.sweep
     if sweep.lr_arg is None:
         return cells
     steps = sweep.steps or steps
-    for factor in sweep.factors:
-        lr = factor * config.own_lr()
+    for lr in config.sweep_lrs():
         for variant in sweep.arms:
             for seed in config.seeds[: sweep.seeds]:
-                params = {"peak_lr": lr, "factor": factor, "variant": variant}
+                params = {"peak_lr": lr, "variant": variant}
                 name = point_name(lr, variant, seed)
                 cells.append(Cell(name, SWEEP, seed, 0, steps, params))
     return cells
@@ -86,9 +90,11 @@ def seed_cells(config: StudyConfig, reference: dict[str, Any]) -> list[Cell]:
         params = {"onset": onset, "place": place, "ckpt_step": k}
         cost = config.steps - k
         cells.append(Cell(f"{base}/{RESUME}", RESUME, seed, 0, cost, params))
+        for name in config.controls:
+            cells.append(Cell(f"{base}/{name}", CONTROL, seed, 0, cost, params))
         for rung in config.rungs:
-            name = rung_name(rung)
-            cells.append(Cell(f"{base}/{name}", name, seed, 0, cost, {**params, "rung": rung}))
+            rung_params = {**params, "rung": plain_rung(rung)}
+            cells.append(Cell(f"{base}/{rung['name']}", REMEDY, seed, 0, cost, rung_params))
     for step in reference["onsets"]:
         k = config.checkpoint_before(step)
         if k is not None:
@@ -105,7 +111,7 @@ def compute(config: StudyConfig, cell: Cell) -> dict[str, Any]:
 
 def plan(config: StudyConfig) -> StudyPlan:
     """The study of ``config`` as the job runner runs it."""
-    later = 1 + len(config.rungs)
+    later = 1 + len(config.rungs) + len(config.controls)
     return StudyPlan(
         config=config,
         log_root=config.log_root,
@@ -158,7 +164,11 @@ def _run(config: StudyConfig, cell: Cell) -> RecoverConfig:
     """What the cell trains: its seed's run, or a sweep point's."""
     if cell.kind == SWEEP:
         params = cell.params
-        return config.sweep_run(cell.model_seed, params["factor"], params["variant"])
+        return config.sweep_run(cell.model_seed, params["peak_lr"], params["variant"])
+    if cell.kind == VARIANT:
+        return config.variant(cell.model_seed, cell.name.rsplit("/", 1)[-1])
+    if cell.kind == CONTROL:
+        return config.control(cell.model_seed, cell.name.rsplit("/", 1)[-1])
     return config.recover(cell.model_seed)
 
 
@@ -166,8 +176,8 @@ def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
     run = _run(config, cell)
     run_dir = config.log_root / cell.name
     is_reference = cell.kind == REFERENCE
-    start = 0 if cell.kind in (REFERENCE, SWEEP) else int(cell.params["ckpt_step"])
-    remedies = [] if cell.kind in (REFERENCE, RESUME, SWEEP) else _remedies(config, cell)
+    start = 0 if cell.kind in FROM_SCRATCH else int(cell.params["ckpt_step"])
+    remedies = _remedies(config, cell) if cell.kind == REMEDY else []
     detector = run.detector.build(run.facts)
     clock = StepClock()
     columns = [c.key for c in run.facts.columns]
@@ -184,7 +194,7 @@ def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
         val_every=run.val_every,
         callbacks=with_exact_resume(callbacks, run.exact_resume),
         progress_bar=False,
-        trainer_kwargs=run.trainer_kwargs(),
+        trainer_kwargs=_trainer_kwargs(run, cell),
         resume_step=start or None,
     )
     ckpt = checkpoint_path(_reference_dir(config, cell), start) if start else None
@@ -199,12 +209,21 @@ def _train(config: StudyConfig, cell: Cell) -> dict[str, Any]:
         "onset": onsets[0] if onsets else None,
         "charts": detector.charts,
     }
+    _write_hparams(run_dir, cell, records, run.facts.val_metric)
     state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
     if is_reference:
         atomic_torch_save(state, run_dir / FINAL_STATE)
-    elif cell.kind == RESUME:
+    elif cell.kind in (RESUME, CONTROL):
         out |= _compare(config, cell, state, records)
     return out
+
+
+def _trainer_kwargs(run: RecoverConfig, cell: Cell) -> dict[str, Any]:
+    """The run's Trainer arguments; a sweep point's validate under ``no_grad``, not
+    inference mode: it is validated before it trains too, and a metric's state made in
+    inference mode cannot be updated in place outside it (torchmetrics)."""
+    kwargs = run.trainer_kwargs()
+    return {**kwargs, "inference_mode": False} if cell.kind == SWEEP else kwargs
 
 
 def _fit(
@@ -227,6 +246,30 @@ def _fit(
     return module
 
 
+def _write_hparams(
+    run_dir: Path, cell: Cell, records: list[dict[str, Any]], preferred: str | None
+) -> None:
+    """The cell in TensorBoard's HPARAMS view: its name in the seed (``row``), seed and
+    sweep point, with its final value of the module's validation metric (none: the
+    training loss's last 10 steps), so the view filters by seed and remedy."""
+    metric = metric_of(records, preferred)
+    validated = [r["val"][metric] for r in records if "val_step" in r and metric in r["val"]]
+    steps = [r for r in records if "step" in r]
+    if not steps:
+        return
+    if validated:
+        value, tag = float(validated[-1]), hparam_tag(str(metric))
+    else:
+        value, tag = final_loss(steps), hparam_tag("train_loss")
+    params: dict[str, float | int | str | bool] = {
+        "row": cell.name.rsplit("/", 1)[-1],
+        "seed": cell.model_seed,
+        "kind": cell.kind,
+    }
+    params |= {k: v for k, v in cell.params.items() if k in ("peak_lr", "variant")}
+    write_hparams(run_dir, params, value, int(steps[-1]["step"]), tag)
+
+
 def _validates(module: Any, data: Any) -> bool:
     """Whether the run has validation data (the module's own or its data module's)."""
     owner = data if data is not None else module
@@ -246,6 +289,12 @@ def _write_record(run_dir: Path, run: RecoverConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(plain_config(record), sort_keys=False)
     atomic_write(run_dir / RECORD_NAME, lambda handle: handle.write(text.encode()))
+
+
+def final_loss(steps: list[dict[str, Any]]) -> float:
+    """The mean training loss of a run's last 10 steps."""
+    tail = [float(r["loss"]) for r in steps[-10:]]
+    return sum(tail) / len(tail)
 
 
 def _plain(spike: Spike) -> dict[str, Any]:

@@ -91,16 +91,18 @@ def main(argv: Sequence[str] | None = None) -> StudyRun:
 
 def finish(config: StudyConfig, run: StudyRun) -> None:
     """The report and its CSVs from every cell's result; prints the findings."""
-    from lit_spikes.tools.recover.remedies import rung_name
     from lit_spikes.tools.study.figures import write_figures
     from lit_spikes.tools.study.report import build_report, write_report
 
     report = build_report(config, run.results, run.wall_s)
     paths = write_report(config, report)
     directories = [config.log_root] + ([Path(config.figures_dir)] if config.figures_dir else [])
-    rungs = [rung_name(r) for r in config.rungs]
+    rungs = [*config.rung_names, *config.variant_cells]
     higher = config.facts.val_mode == "max"
     paths += write_figures(report, rungs, higher, report.variant, directories)
+    from lit_spikes.shared.tb import write_summary
+
+    write_summary(config.log_root, {"study/report": report.markdown})  # TensorBoard's TEXT
     for finding in [f for f in report.findings if f.n]:
         print(f"- {finding.sentence()}")
     print(f"- early warning: {report.warning_line}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +20,7 @@ from lit_spikes.tools.factories import import_class
 from lit_spikes.tools.judgement import RECURRENCE
 from lit_spikes.tools.recover.branch import merged
 from lit_spikes.tools.recover.config import RecoverConfig, default_data, default_model
-from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, rung_name
+from lit_spikes.tools.recover.remedies import DEFAULT_LADDER, check_rung, rung_name
 from lit_spikes.tools.study.early_warning import LeadConfig
 from lit_spikes.tools.study.sweep import SweepConfig
 
@@ -64,7 +65,16 @@ class StudyConfig:
     ladder: tuple[dict[str, Any] | str, ...] = DEFAULT_LADDER
     """The remedies, each a cell from the checkpoint before the spike (recover's
     ``ladder``: Callbacks by class path with ``init_args``; by default skip data, scale
-    the LR, skip the step, clip)."""
+    the LR, skip the step, clip). A rung may have a ``name`` (its cell's; by default its
+    class's short one): a class twice needs one."""
+    variants: bool = False
+    """Also train each of the module's ``ToolFacts.variants`` from scratch in every seed
+    (the demo's QK-norm), compared with doing nothing as the remedies are, and by each of
+    its ``ToolFacts.columns`` (the demo's largest attention logit)."""
+    controls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Resumes from the checkpoint before the spike with init arguments changed, by name
+    (``{"other_data": {"data": {"seed": 7}}}``): each should give another trajectory, the
+    control that the exact resume's comparison can fail."""
     recurrence: float = RECURRENCE
     """diagnose's bar (the judgement recover shares)."""
     leads: LeadConfig = field(default_factory=LeadConfig)
@@ -96,11 +106,11 @@ class StudyConfig:
         object.__setattr__(self, "seeds", seeds)
         if self.workers < 0:
             raise ValueError(f"StudyConfig.workers={self.workers} must be >= 0 (0: one per core)")
+        object.__setattr__(self, "ladder", named_ladder(self.ladder))
         # the run's own checks (model, data, ladder, trainer), then the seed's arguments'
         run = self.recover(seeds[0], seeded=False)
         object.__setattr__(self, "model", run.model)
         object.__setattr__(self, "data", run.data)
-        object.__setattr__(self, "ladder", run.rungs)
         object.__setattr__(self, "seed_args", list(self.seed_args))
         for arg in self.seed_args:
             section, _, key = str(arg).partition(".")
@@ -118,10 +128,54 @@ class StudyConfig:
                 f"rollback_distance, max_steps) = [{first}, {run.steps}): a checkpoint must "
                 "precede it"
             )
-        names = [rung_name(r) for r in self.rungs]
-        if "resume_exact" in names or "reference" in names:
-            raise ValueError(f"StudyConfig.ladder={names}: a rung's name is taken by a cell")
+        self._check_cells()
         self._check_sweep()
+
+    def _check_cells(self) -> None:
+        """The variants, the controls and every cell's name in a seed, none twice."""
+        if self.variants and not self.facts.variants:
+            raise ValueError(
+                f"StudyConfig.variants=true: {self.run.model_name} states no "
+                "ToolFacts.variants (docs/tool-facts.md)"
+            )
+        for name, changes in self.controls.items():
+            keys = set(changes) if isinstance(changes, dict) else {"?"}
+            if not str(name).isidentifier() or not keys <= {"model", "data"}:
+                raise ValueError(
+                    f"StudyConfig.controls: {name!r}: {changes!r} must map a name (letters, "
+                    "digits, underscores) to the model's and the data's init arguments to "
+                    "change: {name: {data: {seed: 7}}}"
+                )
+            self.control(self.seeds[0], name)  # the changed run's own checks
+        names = [*self.rung_names, *self.controls, *self.variant_cells]
+        taken = [n for n in names if n in RESERVED or names.count(n) > 1]
+        if taken:
+            raise ValueError(
+                f"StudyConfig: the cells {names} of a seed must be named apart and not "
+                f"{list(RESERVED)}: rename {sorted(set(taken))} (a rung's name)"
+            )
+
+    @property
+    def rung_names(self) -> list[str]:
+        return [r["name"] for r in self.rungs]
+
+    @property
+    def variant_cells(self) -> list[str]:
+        """The cells of the module's variants (``variants``), ``variant_<name>``."""
+        return [f"variant_{v.name}" for v in self.facts.variants] if self.variants else []
+
+    def variant(self, seed: int, cell: str) -> RecoverConfig:
+        """The run of a variant's cell (``variant_<name>``): from scratch, its init
+        arguments merged over the module's."""
+        changes = self.facts.variant(cell.removeprefix("variant_")).init_args
+        return self.recover(seed, model=with_changes(self.model, changes))
+
+    def control(self, seed: int, name: str) -> RecoverConfig:
+        """The run of a control: the seed's with ``controls[name]``'s changes."""
+        changes = self.controls[name]
+        model = with_changes(self.model, changes.get("model") or {})
+        data = with_changes(self.data, changes.get("data") or {})
+        return self.recover(seed, model=model, data=data)
 
     def _check_sweep(self) -> None:
         sweep = self.sweep
@@ -146,7 +200,13 @@ class StudyConfig:
                 f"StudyConfig.sweep.seeds={sweep.seeds} must be at most the study's "
                 f"{len(self.seeds)} seeds"
             )
-        self.sweep_run(self.seeds[0], self.sweep.factors[-1], variant=True)
+        self.sweep_run(self.seeds[0], self.sweep_lrs()[-1], variant=True)
+
+    def sweep_lrs(self) -> list[float]:
+        """The sweep's peak LRs: ``sweep.peak_lrs``, else its factors x the model's own."""
+        if self.sweep.peak_lrs is not None:
+            return list(self.sweep.peak_lrs)
+        return [factor * self.own_lr() for factor in self.sweep.factors]
 
     def own_lr(self) -> Any:
         """The value of the model's ``sweep.lr_arg`` (its init argument or its default)."""
@@ -160,15 +220,16 @@ class StudyConfig:
             value = value.get(key) if isinstance(value, dict) else None
         return value
 
-    def sweep_run(self, seed: int, factor: float, variant: bool) -> RecoverConfig:
-        """A sweep run: the seed's, from scratch at ``factor`` x the model's own LR, with
-        the variant (``variant``), validated at its end only."""
+    def sweep_run(self, seed: int, lr: float, variant: bool) -> RecoverConfig:
+        """A sweep run: the seed's, from scratch at peak LR ``lr``, with the variant
+        (``variant``), validated at its end only."""
         assert self.sweep.lr_arg is not None
-        model = with_arg(self.model, self.sweep.lr_arg.partition(".")[2], factor * self.own_lr())
+        model = with_arg(self.model, self.sweep.lr_arg.partition(".")[2], lr)
+        model = with_changes(model, self.sweep.model_args)
         change = self.sweep.variant
         if variant and change is not None:
             changes = self.facts.variant(change).init_args if isinstance(change, str) else change
-            model = {**model, "init_args": merged(model.get("init_args") or {}, changes)}
+            model = with_changes(model, changes)
         run = self.recover(seed, model=model)
         try:
             return replace(run, max_steps=self.sweep.steps or run.steps, val_every=None)
@@ -176,10 +237,16 @@ class StudyConfig:
             raise ValueError(str(error).replace("RecoverConfig", "StudyConfig.sweep")) from None
 
     def recover(
-        self, seed: int, seeded: bool = True, model: dict[str, Any] | None = None
+        self,
+        seed: int,
+        seeded: bool = True,
+        model: dict[str, Any] | None = None,
+        data: dict[str, Any] | None = None,
     ) -> RecoverConfig:
         """The run of ``seed`` as recover's config (each cell trains as a branch would),
-        with the seed in ``seed_args`` (``seeded``), of ``model`` (None: the study's).
+        with the seed in ``seed_args`` (``seeded``), of ``model`` and ``data`` (None:
+        the study's). Its ladder: the first rung of each class (recover's takes each
+        once; the cells build their own).
 
         Raises:
             ValueError: a setting the run refuses, named as the study's option.
@@ -188,13 +255,13 @@ class StudyConfig:
             return RecoverConfig(
                 log_root=self.log_root,
                 model=self._seeded(model or self.model, "model", seed, seeded),
-                data=self._seeded(self.data, "data", seed, seeded),
+                data=self._seeded(data or self.data, "data", seed, seeded),
                 max_steps=self.max_steps,
                 checkpoint_every=self.checkpoint_every,
                 val_every=self.val_every,
                 detector=self.detector,
                 rollback_distance=self.rollback_distance,
-                ladder=self.ladder,
+                ladder=_one_a_class(self.ladder),
                 recurrence=self.recurrence,
                 trainer=self.trainer,
                 seed=seed,
@@ -229,6 +296,7 @@ class StudyConfig:
 
     @property
     def rungs(self) -> tuple[dict[str, Any], ...]:
+        """The ladder's rungs, each ``{"name", "class_path", "init_args"}``."""
         return tuple(r for r in self.ladder if isinstance(r, dict))
 
     @property
@@ -266,6 +334,47 @@ class StudyConfig:
 QUICK: dict[str, Any] = {"seeds": [0, 1], "sweep.factors": [0.1, 1.0, 10.0]}
 """``--quick``: two seeds, a sweep of three LRs over two decades (the other options as
 given)."""
+
+
+RESERVED = ("reference", "resume_exact", "diagnose")
+"""Names of a seed's own cells (a diagnosis is ``diagnose_step<k>``)."""
+
+
+def named_ladder(ladder: Any) -> tuple[dict[str, Any], ...]:
+    """The ladder's rungs checked as recover checks them, each with its ``name`` (given,
+    or its class's short one)."""
+    rungs = []
+    for value in (ladder,) if isinstance(ladder, str | dict) else ladder:
+        name = value.get("name") if isinstance(value, dict) else None
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k != "name"}
+        rung = check_rung(value)
+        rungs.append({"name": str(name) if name is not None else rung_name(rung), **rung})
+    names = [r["name"] for r in rungs]
+    if not rungs or not all(n.isidentifier() for n in names):
+        raise ValueError(
+            f"StudyConfig.ladder: give one rung or more, named by identifiers: {names}"
+        )
+    return tuple(rungs)
+
+
+def plain_rung(rung: dict[str, Any]) -> dict[str, Any]:
+    """A rung as recover takes it (without its study's ``name``)."""
+    return {k: v for k, v in rung.items() if k != "name"}
+
+
+def _one_a_class(ladder: Any) -> tuple[dict[str, Any], ...]:
+    kept: dict[str, dict[str, Any]] = {}
+    for rung in ladder:
+        kept.setdefault(rung["class_path"], plain_rung(rung))
+    return tuple(kept.values())
+
+
+def with_changes(class_path: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``class_path`` with ``changes`` merged over its init arguments (key by key)."""
+    if not changes:
+        return class_path
+    return {**class_path, "init_args": merged(class_path.get("init_args") or {}, changes)}
 
 
 def with_arg(class_path: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -140,7 +140,16 @@ def signals(
     return {name: values for name, values in out.items() if values}
 
 
-def crossings(values: Mapping[int, float], config: LeadConfig) -> list[int]:
+class CrossingRule(Protocol):
+    """What a crossing is: above ``ratio`` x the mean of the previous ``window`` values."""
+
+    @property
+    def ratio(self) -> float: ...
+    @property
+    def window(self) -> int: ...
+
+
+def crossings(values: Mapping[int, float], config: CrossingRule) -> list[int]:
     """The steps at which a signal exceeds ``config.ratio`` x the mean of its previous
     ``config.window`` values (none before a full window)."""
     steps = sorted(values)

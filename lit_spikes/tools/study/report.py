@@ -10,13 +10,12 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lit_spikes.tools.recover.measure import common_measure
-from lit_spikes.tools.recover.remedies import rung_name
 from lit_spikes.tools.study.cells import DIAGNOSE, REFERENCE, RESUME, SWEEP
 from lit_spikes.tools.study.config import StudyConfig
 from lit_spikes.tools.study.early_warning import LeadCount, early_warning, verdict
@@ -63,9 +62,10 @@ def by_seed(results: Mapping[str, Mapping[str, Any]]) -> list[dict[str, dict[str
 
 
 def seed_measure(config: StudyConfig, seed: SeedCells) -> dict[str, Any]:
-    """The seed's runs measured alike: doing nothing (the reference) and each rung."""
-    names = [rung_name(r) for r in config.rungs]
-    rows = {n: seed[n]["records"] for n in [REFERENCE, *names] if n in seed}
+    """The seed's runs measured alike: doing nothing (the reference), each rung and each
+    variant."""
+    names = [REFERENCE, *config.rung_names, *config.variant_cells]
+    rows = {n: seed[n]["records"] for n in names if n in seed}
     measure = common_measure(rows, config.facts.val_metric)
     return {"name": measure.name, "values": measure.values}
 
@@ -102,7 +102,7 @@ def findings(
     named = measures[0]["name"].split(" (")[0] if measures else "the measure"
     metric = config.facts.val_name or named
     for rung in config.rungs:
-        name = rung_name(rung)
+        name = rung["name"]
         judged = [
             (was_spiked, better)
             for was_spiked, m in zip(spiked, measures, strict=True)
@@ -115,6 +115,11 @@ def findings(
             group = [better for was_spiked, better in judged if was_spiked == with_spike]
             text = f"{_label(rung)} ends better than doing nothing ({metric}; {where})"
             out.append(Finding(f"{name}_better{key}", text, sum(group), len(group)))
+    out += _variant_findings(config, seeds, measures, metric)
+    for name, changes in config.controls.items():
+        text = f"{name} (resumed with {json.dumps(changes)}) gives another trajectory"
+        holds = count(seeds, [name], _differs(name))
+        out.append(Finding(f"{name}_differs", f"{text} (a loss differs)", *holds))
     causes = Counter(
         cell["cause"] for s in seeds for n, cell in s.items() if n.startswith(f"{DIAGNOSE}_")
     )
@@ -126,9 +131,46 @@ def findings(
     return out
 
 
+def _differs(name: str) -> Callable[[SeedCells], bool]:
+    return lambda seed: not seed[name]["losses_equal"]
+
+
+def _variant_findings(
+    config: StudyConfig, seeds: Sequence[SeedCells], measures: Sequence[Any], metric: str
+) -> list[Finding]:
+    """Each variant against doing nothing: by the measure, and by each column (its
+    largest value over the run below the plain run's: the demo's QK-norm and logit)."""
+    out = []
+    for cell, variant in zip(config.variant_cells, config.facts.variants, strict=False):
+        judged = [b for m in measures if (b := _better(config, cell, m)) is not None]
+        text = f"{variant.label} ends better than doing nothing ({metric}; every seed)"
+        out.append(Finding(f"{cell}_better", text, sum(judged), len(judged)))
+        for column in config.facts.columns:
+            key = column.key
+            below = [
+                lower
+                for s in seeds
+                if cell in s
+                and (lower := _largest_below(s[cell]["records"], s[REFERENCE]["records"], key))
+                is not None
+            ]
+            text = f"{variant.label} keeps the {column.header} below the plain run's"
+            out.append(Finding(f"{cell}_lowers_{key}", text, sum(below), len(below)))
+    return out
+
+
+def _largest_below(
+    records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping[str, Any]], key: str
+) -> bool | None:
+    """Whether the largest ``key`` of ``records`` is below ``plain``'s (None: unrecorded)."""
+    values = [float(r[key]) for r in records if key in r]
+    others = [float(r[key]) for r in plain if key in r]
+    return max(values) < max(others) if values and others else None
+
+
 def _label(rung: Mapping[str, Any]) -> str:
     options = ", ".join(f"{k} {v}" for k, v in (rung.get("init_args") or {}).items())
-    return f"{rung_name(rung)} ({options})" if options else rung_name(rung)
+    return f"{rung['name']} ({options})" if options else str(rung["name"])
 
 
 def build_report(
@@ -173,7 +215,7 @@ def _markdown(config: StudyConfig, report: StudyReport, cells: int, wall_s: floa
 
 
 def _seeds_section(config: StudyConfig, report: StudyReport) -> list[str]:
-    names = [rung_name(r) for r in config.rungs]
+    names = [*config.rung_names, *config.variant_cells]
     header = ["seed", "spikes", "ckpt", "exact resume", "do nothing", *names, "diagnose"]
     rows = []
     for seed, measure in zip(report.seeds, report.measures, strict=True):

@@ -27,6 +27,10 @@ class SweepConfig:
     factors: list[float] = field(default_factory=lambda: [0.1, 0.3, 1.0, 3.0, 10.0])
     """The peak LRs, as multiples of the module's own (``lr_arg``'s value): two decades
     in five points by default."""
+    peak_lrs: list[float] | None = None
+    """The peak LRs themselves, in place of ``factors``."""
+    model_args: dict[str, Any] = field(default_factory=dict)
+    """Init arguments every sweep run changes (a shorter warm-up for shorter runs)."""
     variant: dict[str, Any] | str | None = None
     """Each LR again with this change: init arguments merged over the module's
     (``{"qk_norm": true}``), or the name of one of its ``ToolFacts.variants``. None: none."""
@@ -45,6 +49,11 @@ class SweepConfig:
         if len(factors) < 2 or len(set(factors)) != len(factors) or min(factors) <= 0:
             raise ValueError(f"sweep.factors={factors} must be two or more distinct factors > 0")
         object.__setattr__(self, "factors", sorted(factors))
+        if self.peak_lrs is not None:
+            lrs = list(self.peak_lrs)
+            if len(lrs) < 2 or len(set(lrs)) != len(lrs) or min(lrs) <= 0:
+                raise ValueError(f"sweep.peak_lrs={lrs} must be two or more distinct LRs > 0")
+            object.__setattr__(self, "peak_lrs", sorted(lrs))
         if self.seeds < 1:
             raise ValueError(f"sweep.seeds={self.seeds} must be >= 1")
         if self.steps is not None and self.steps < 2:
