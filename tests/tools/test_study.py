@@ -400,3 +400,34 @@ def test_every_cell_is_in_the_hparams_view(studied: tuple[Path, str]) -> None:
     summary.Reload()
     text = summary.Tensors("study/report/text_summary")[0].tensor_proto.string_val[0].decode()
     assert text.startswith("# lit-spikes study")
+
+
+def test_a_rerun_computes_only_the_cell_that_was_killed(tmp_path: Path) -> None:
+    """A study is a job: a cell killed half-way (no ``cell.json``, leftovers in its
+    directory) is all the same command computes again, to the same numbers; the other
+    cells' files stay byte for byte, and the report is the same. An interim report
+    (``--report_only``) computes nothing. Another study's settings in that log root are
+    a usage error."""
+    args = ["study", *STUDY_ARGS[:2], *RUN_ARGS, "--seeds", "[0]", "--workers", "1"]
+    args += ["--ladder", "[lit_spikes.callbacks.LRScaler]", "--log_root", str(tmp_path)]
+    first = lit_spikes(args)
+    assert first is not None and sorted(first.computed) == sorted(_cells(tmp_path))
+    victim = "seed00/scale_lr"
+    before = {n: (tmp_path / n / "cell.json").read_bytes() for n in first.computed if n != victim}
+    findings_before = (tmp_path / "findings.csv").read_text()
+    killed = json.loads((tmp_path / victim / "cell.json").read_text())
+    (tmp_path / victim / "cell.json").unlink()
+    (tmp_path / victim / "leftover.tmp").write_text("half a run")
+    interim = lit_spikes([*args, "--report_only"])
+    assert interim is not None and interim.computed == []
+    assert _findings(tmp_path)["scale_lr_better"] == (0, 0)
+    second = lit_spikes(args)
+    assert second is not None and second.computed == [victim]
+    assert {n: (tmp_path / n / "cell.json").read_bytes() for n in before} == before
+    assert not (tmp_path / victim / "leftover.tmp").exists()
+    again = json.loads((tmp_path / victim / "cell.json").read_text())
+    assert again["records"] == killed["records"]
+    assert (tmp_path / "findings.csv").read_text() == findings_before
+    with pytest.raises(SystemExit) as exit_info:
+        lit_spikes([*args, "--rollback_distance", "6"])
+    assert exit_info.value.code == 2
