@@ -35,7 +35,7 @@ from lit_spikes.tools.run_record import RECORD_NAME
 from lit_spikes.tools.study.config import StudyConfig, plain_rung
 from lit_spikes.tools.study.early_warning import UPDATE_NORMS, BlockUpdateNorms
 from lit_spikes.tools.study.jobs import RESULT, Cell, StudyPlan
-from lit_spikes.tools.study.sweep import metric_of, point_name
+from lit_spikes.tools.study.sweep import final_loss, metric_of, point_name
 
 REFERENCE = "reference"
 RESUME = "resume_exact"
@@ -289,12 +289,6 @@ def _write_record(run_dir: Path, run: RecoverConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(plain_config(record), sort_keys=False)
     atomic_write(run_dir / RECORD_NAME, lambda handle: handle.write(text.encode()))
-
-
-def final_loss(steps: list[dict[str, Any]]) -> float:
-    """The mean training loss of a run's last 10 steps."""
-    tail = [float(r["loss"]) for r in steps[-10:]]
-    return sum(tail) / len(tail)
 
 
 def _plain(spike: Spike) -> dict[str, Any]:

@@ -383,7 +383,7 @@ def with_arg(class_path: dict[str, Any], path: str, value: Any) -> dict[str, Any
     changes: Any = value
     for key in reversed(path.split(".")):
         changes = {key: changes}
-    return {**class_path, "init_args": merged(class_path.get("init_args") or {}, changes)}
+    return with_changes(class_path, changes)
 
 
 def _takes(class_path: dict[str, Any], key: str) -> bool:

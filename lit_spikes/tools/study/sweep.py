@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lit_spikes.tools.recover.measure import PREFERRED
+
 LAST = 10
 """Without validation, a run's final loss is the mean training loss of its last this many
 steps (and its initial loss its first step's)."""
@@ -81,16 +83,22 @@ def initial_and_final(
     if metric is not None and len(validated) >= 2 and validated[0]["val_step"] == 0:
         first, last = validated[0]["val"][metric], validated[-1]["val"][metric]
         return sign * float(first), sign * float(last), metric
-    losses = [float(r["loss"]) for r in records if "step" in r]
-    tail = losses[-LAST:]
-    return losses[0], sum(tail) / len(tail), f"train loss (last {LAST} steps)"
+    steps = [r for r in records if "step" in r]
+    return float(steps[0]["loss"]), final_loss(steps), f"train loss (last {LAST} steps)"
+
+
+def final_loss(steps: Sequence[Mapping[str, Any]]) -> float:
+    """The mean training loss of a run's last ``LAST`` steps (``steps``: its step records)."""
+    tail = [float(r["loss"]) for r in steps[-LAST:]]
+    return sum(tail) / len(tail)
 
 
 def metric_of(records: Sequence[Mapping[str, Any]], preferred: str | None) -> str | None:
     """The validation metric a sweep run is measured by: ``preferred`` (the module's
-    ``ToolFacts.val_metric``), else ``val_loss`` or ``val/loss``, else the first logged."""
+    ``ToolFacts.val_metric``), else recover's choice (``val_loss`` or ``val/loss``), else
+    the first logged."""
     names = sorted({n for r in records if "val_step" in r for n in (r.get("val") or {})})
-    choices = [n for n in (preferred, "val_loss", "val/loss") if n in names]
+    choices = [n for n in (preferred, *PREFERRED) if n in names]
     return (choices or names or [None])[0]
 
 
