@@ -47,11 +47,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
-# The demos' experiment over 12 seeds, the LR sweep and the early-warning leads
-# (docs/study.md): runs/study/report.md. A rerun continues a stopped study;
-# `make study STUDY_ARGS=--quick` is the small preset CI runs.
+# The demos' study over 12 seeds, the LR sweep and the early warning (docs/study.md), as
+# one configuration of the study of any module: runs/study/report.md. A rerun continues a
+# stopped study. `make study STUDY_CONFIG=configs/study/demo-quick.yaml`: the same study on a
+# tiny model in a minute or two; STUDY_ARGS adds options (--workers 1).
+STUDY_CONFIG ?= configs/study/demo.yaml
 study: $(STAMP)
-	$(BIN)/python -m lit_spikes.tools.cli study $(STUDY_ARGS)
+	$(BIN)/python -m lit_spikes.tools.cli study --config $(STUDY_CONFIG) $(STUDY_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
 """The study's pool against one run alone (issue #34; docs/performance.md, "The study").
 
-Measured side by side in one run, on this machine, with the default preset's cells:
+Measured side by side in one run, on this machine, with the cells of ``make study``
+(configs/study/demo.yaml):
 
 1. One 400-step reference cell (``run_cell``: its Lightning run, checkpoints, TensorBoard
    run, ``final_state.pt``, ``update_norms.json``, ``cell.json``) alone in the study's
@@ -25,17 +26,18 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import lightning.pytorch as pl
+import yaml
 from lightning.pytorch.callbacks import Callback
 
-from lit_spikes.demo.study import cells
-from lit_spikes.demo.study.config import StudyConfig
-from lit_spikes.tools.study import jobs
+from lit_spikes.tools.study import cells, jobs
+from lit_spikes.tools.study.config import StudyConfig
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "study" / "demo.yaml"
 
 
 class _Clock(Callback):
@@ -56,13 +58,12 @@ class _Clock(Callback):
 def _timed_cell(config: StudyConfig, cell: jobs.Cell) -> dict[str, float]:
     """``run_cell`` in a worker of the pool, with ``_Clock`` among the cell's callbacks
     (a callback that only reads the clock: the cell computes the same numbers)."""
-    clock, build = _Clock(), cells._branch
+    clock, wrap = _Clock(), cells.with_exact_resume
 
-    def with_clock(config: StudyConfig, cell: jobs.Cell) -> Any:
-        branch = build(config, cell)
-        return replace(branch, callbacks=[*branch.callbacks, clock])
+    def with_clock(callbacks: list[Callback], exact: Any) -> list[Callback]:
+        return wrap([*callbacks, clock], exact)
 
-    with mock.patch.object(cells, "_branch", with_clock):
+    with mock.patch.object(cells, "with_exact_resume", with_clock):
         result = jobs.run_cell(cells.plan(config), cell)
     assert clock.first is not None
     return {"wall": result["wall_s"], "train": clock.last - clock.first, "steps": cell.cost}
@@ -73,7 +74,9 @@ def _round(pool: ProcessPoolExecutor, roots: list[Path], seed: int) -> dict[str,
     configs = []
     for root in roots:
         shutil.rmtree(root, ignore_errors=True)
-        configs.append(StudyConfig(log_root=root, model_seeds=[seed]))
+        demo = yaml.safe_load(CONFIG.read_text())
+        demo["sweep"]["seeds"] = 1  # one seed: the sweep is not run here
+        configs.append(StudyConfig(**demo | {"log_root": root, "seeds": [seed]}))
     cell = cells.first_cells(configs[0])[0]
     assert cell.kind == "reference"
     start = time.perf_counter()

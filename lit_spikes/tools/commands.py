@@ -6,7 +6,7 @@ COMMANDS = {
     "recover": "lit_spikes.tools.recover",
     "diagnose": "lit_spikes.tools.diagnose",
     "check-resume": "lit_spikes.tools.check_resume",
-    "study": "lit_spikes.demo.study.cli",
+    "study": "lit_spikes.tools.study.cli",
 }
 """Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
 
@@ -27,5 +27,6 @@ Commands:
                 reproducible (lit-spikes diagnose --help)
   check-resume  does a LightningModule resume bit for bit, and if not, what breaks it
                 (lit-spikes check-resume --help)
-  study         the demos' experiment over many seeds, an LR sweep, each finding's
-                frequency with an interval (lit-spikes study --help)"""
+  study         a recipe over many seeds: how often it spikes, whether its resume
+                is exact, which remedy helps, which signal warns, an LR sweep; each
+                finding as k of n with an interval (lit-spikes study --help)"""

@@ -337,46 +337,6 @@ def test_findings_count_seeds_with_and_without_a_spike_apart() -> None:
 
 
 @pytest.mark.slow
-def test_the_demos_study_is_one_configuration_of_the_study_of_any_module(
-    tmp_path: Path,
-) -> None:
-    """configs/study/demo-quick.yaml (the study of any module on the demo's classes) trains
-    what the demos' own ``--quick`` study trains, bit for bit: every loss of every cell
-    and its final val bits/char. One seed; the no-spike placement at 26, where the demos'
-    skip window ending at it is not clamped by the checkpoint at 20."""
-    common = ["--no_spike_step", "26"]
-    lit_spikes(
-        ["study", "--quick", "--model_seeds", "[0]", *common, "--log_root", str(tmp_path / "old")]
-    )
-    config = str(REPO / "configs" / "study" / "demo-quick.yaml")
-    new = ["study", "--config", config, "--seeds", "[0]", *common]
-    lit_spikes([*new, "--log_root", str(tmp_path / "new")])
-    old, gen = _cells(tmp_path / "old"), _cells(tmp_path / "new")
-    pairs = {
-        f"seed00-data0/{k}": f"seed00/{k}" for k in ("reference", "resume_exact", "fresh_adamw")
-    }
-    pairs |= {
-        f"seed00-data0/{k}": f"seed00/{k}" for k in ("skip_before", "skip_straddle", "scale_lr")
-    }
-    pairs |= {
-        "seed00-data0/clip": "seed00/clip",
-        "seed00-data0/other_data_seed": "seed00/other_data_seed",
-    }
-    pairs |= {"seed00-data0/qk_norm": "seed00/variant_qk_norm"}
-    for lr in ("0.01", "0.1"):
-        pairs |= {f"sweep/lr{lr}-qk0-seed0": f"sweep/lr{lr}-plain-seed00"}
-        pairs |= {f"sweep/lr{lr}-qk1-seed0": f"sweep/lr{lr}-variant-seed00"}
-    for before, now in pairs.items():
-        losses = {int(r["step"]): r["loss"] for r in old[before]["history"]}
-        assert losses == {int(r["step"]): r["loss"] for r in gen[now]["records"] if "step" in r}, (
-            now
-        )
-        if old[before]["kind"] != "sweep":
-            validated = [r["val"]["val/bpc"] for r in gen[now]["records"] if "val_step" in r]
-            assert validated[-1] == old[before]["val_bpc"], now
-
-
-@pytest.mark.slow
 def test_every_cell_is_in_the_hparams_view(studied: tuple[Path, str]) -> None:
     """Each training cell is a TensorBoard run with its row, seed and kind (a sweep point
     its LR) and its final val_loss as ``hp/val_loss``; the report is TensorBoard text."""

@@ -272,9 +272,13 @@ def _sweep_section(config: StudyConfig, report: StudyReport) -> list[str]:
     if not report.sweep:
         return []
     sweep = config.sweep
+    lrs = (
+        f"{sweep.peak_lrs} as --sweep.peak_lrs gives them"
+        if sweep.peak_lrs is not None
+        else f"the model's own {config.own_lr():.3g} times {sweep.factors}"
+    )
     intro = (
-        f"From scratch at each peak LR ({sweep.lr_arg}: the model's own "
-        f"{config.own_lr():.3g} times {sweep.factors}), {sweep.seeds} seed(s) a point, "
+        f"From scratch at each peak LR ({sweep.lr_arg}: {lrs}), {sweep.seeds} seed(s) a point, "
         f"{sweep.steps or config.steps} steps; the loss at initialization and at the end: "
         f"{report.sweep[0]['measure']}. LR sensitivity (Wortsman et al., 2023): the mean "
         "over the LRs of min(final loss, initial loss) - the best final loss (docs/study.md)."
