@@ -232,6 +232,7 @@ def public_names(root: Path, package: str) -> set[str]:
 TOOLS_PACKAGES = (
     "lit_spikes.tools",
     "lit_spikes.tools.diagnose",
+    "lit_spikes.tools.forensics",
     "lit_spikes.tools.recover",
     "lit_spikes.tools.study",
 )
@@ -341,3 +342,15 @@ def test_the_size_check_sees_a_long_function_and_file() -> None:
         f"m.py: {MAX_FUNCTION_LINES + MAX_FILE_LINES + 2} lines",
         f"m.py:1 long: {MAX_FUNCTION_LINES + 1} lines",
     ]
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists its packages by name: one left out installs nowhere but an
+    editable checkout (lit_spikes.shared and lit_spikes.tools.study once were)."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {m for m, p in source_modules(ROOT).items() if p.name == "__init__.py"}
+    assert found - listed == set() and listed - found == set()

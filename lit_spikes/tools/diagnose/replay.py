@@ -268,6 +268,9 @@ class Replayer:
     """The last replay's settings that the checkpoint records otherwise (``unlike``)."""
     columns: tuple[Column, ...] = ()
     """The module's extra columns (``ToolFacts.columns``): each replay's largest value."""
+    instruments: list[Callback] = field(default_factory=list)
+    """Callbacks every replay also trains with, after the recorder (they must change
+    nothing the run computes: the forensics replay's per-layer instruments)."""
 
     def settings(self) -> str:
         """What the replays train with that the run's record decides: its length and
@@ -296,7 +299,11 @@ class Replayer:
         # the detector's names and the module's columns, each read as it logs them
         names = dict.fromkeys([*self.judge.monitors, *(c.key for c in self.columns)])
         recorder = StepRecorder(tuple(names))
-        callbacks = [recorder, *self.subject.callbacks_for(self.reads(remedies), remedies)]
+        callbacks = [
+            recorder,
+            *self.instruments,
+            *self.subject.callbacks_for(self.reads(remedies), remedies),
+        ]
         callbacks = with_exact_resume(callbacks, self.config.exact_resume)
         if skipped is not None:
             callbacks.append(BatchSkipper(ranges=[skipped]))

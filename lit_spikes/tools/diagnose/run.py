@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,31 +90,84 @@ def diagnose(
     """
     config = config or DiagnoseConfig()
     reads = reads or CheckpointReads()
+    with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
+        root = Path(log_root) if log_root is not None else Path(temp)
+        prepared = prepare(
+            ckpt_path,
+            spike_step,
+            config,
+            Sources(model, data, callbacks, trainer_kwargs, original_loss),
+            reads,
+            root,
+            earlier_ckpt,
+        )
+        replayer = prepared.replayer
+        earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
+        verdict = _replay_and_judge(replayer, Path(ckpt_path), earlier, replayer.original)
+    # After replay (a)'s line, which stays the first
+    notes = _notes(replayer.judge, prepared.tag, spike_step + config.horizon + 1, prepared.end)
+    verdict.evidence[1:1] = notes
+    verdict.columns = replayer.columns
+    return verdict
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a replay trains, where the run's own record is not taken (``diagnose``'s
+    arguments of the same names)."""
+
+    model: ModelSource | None = None
+    data: DataSource | None = None
+    callbacks: CallbacksSource | None = None
+    trainer_kwargs: dict[str, Any] | None = None
+    original_loss: float | None = None
+
+
+@dataclass
+class Prepared:
+    """A spike's replayer, built from its checkpoint and run, and how it was built."""
+
+    replayer: Replayer
+    tag: str | None
+    """The TensorBoard tag the original loss was read from (None: given, or not found)."""
+    end: tuple[int, str] | None
+    """The run's end and what says so (``run_end``)."""
+
+
+def prepare(
+    ckpt_path: str | Path,
+    spike_step: int,
+    config: DiagnoseConfig,
+    sources: Sources,
+    reads: CheckpointReads,
+    log_root: Path,
+    earlier_ckpt: str | Path | None = None,
+) -> Prepared:
+    """The files checked and a ``Replayer`` of the spike: the run's module, data,
+    callbacks and Trainer settings, its judge, its end and its logged loss (``diagnose``
+    and the forensics replay build theirs here).
+
+    Raises:
+        CheckpointError, ValueError: as ``diagnose``.
+    """
     ckpt_path = Path(ckpt_path)
     checkpoint = reads(ckpt_path)
     _check_files(reads, ckpt_path, spike_step, earlier_ckpt)
     end = _end_after(ckpt_path, checkpoint, spike_step)
-    subject = subject_of(ckpt_path, checkpoint, model, data, callbacks)
+    subject = subject_of(ckpt_path, checkpoint, sources.model, sources.data, sources.callbacks)
     facts = facts_of(subject.model())  # one module, built to be read
     judge = judge_of(config.detector, checkpoint, lambda: facts)
-    trainer_kwargs = _replayed_trainer(ckpt_path, checkpoint, trainer_kwargs)
+    trainer_kwargs = _replayed_trainer(ckpt_path, checkpoint, sources.trainer_kwargs)
     tags = _loss_tags(config, judge)
-    original, tag = original_loss, None
+    original, tag = sources.original_loss, None
     if original is None:
         original, tag = _logged_original(ckpt_path, spike_step, tags)
-    with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
-        root = Path(log_root) if log_root is not None else Path(temp)
-        replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, root, reads)
-        replayer.judge, replayer.end_step = judge, None if end is None else end[0]
-        replayer.columns = facts.columns
-        replayer.incomparable = _incomparable(checkpoint)
-        earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
-        replayer.logged = logged_curve(ckpt_path.parent.parent, tags)[1]
-        verdict = _replay_and_judge(replayer, ckpt_path, earlier, original)
-    # After replay (a)'s line, which stays the first
-    verdict.evidence[1:1] = _notes(judge, tag, spike_step + config.horizon + 1, end)
-    verdict.columns = facts.columns
-    return verdict
+    replayer = Replayer(spike_step, subject, trainer_kwargs, original, config, log_root, reads)
+    replayer.judge, replayer.end_step = judge, None if end is None else end[0]
+    replayer.columns = facts.columns
+    replayer.incomparable = _incomparable(checkpoint)
+    replayer.logged = logged_curve(ckpt_path.parent.parent, tags)[1]
+    return Prepared(replayer, tag, end)
 
 
 def _end_after(

@@ -22,6 +22,7 @@ from torch import nn
 from typing_extensions import override
 
 from lit_spikes.checkpoints import atomic_write
+from lit_spikes.shared.layers import find_layers
 from lit_spikes.tools.study.findings import wilson
 
 UPDATE_NORMS = "update_norms.json"
@@ -56,23 +57,10 @@ class LeadConfig:
 
 
 def find_blocks(module: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """The module's blocks by their names, found by its structure: down through a lone
-    child with parameters; then the children of its largest ``ModuleList`` or
-    ``Sequential`` (a transformer's blocks), else its children with parameters."""
-    node, prefix = module, ""
-    while True:
-        kids = [(n, c) for n, c in node.named_children() if any(True for _ in c.parameters())]
-        if len(kids) == 1:
-            node, prefix = kids[0][1], f"{prefix}{kids[0][0]}."
-            continue
-        lists = [(n, c) for n, c in kids if isinstance(c, nn.ModuleList | nn.Sequential)]
-        if lists:
-            name, largest = max(lists, key=lambda item: len(list(item[1].children())))
-            prefix, kids = (
-                f"{prefix}{name}.",
-                [(n, c) for n, c in largest.named_children() if any(True for _ in c.parameters())],
-            )
-        return {f"{prefix}{n}": list(c.parameters()) for n, c in kids}
+    """The module's blocks by their names, found by its structure (``find_layers``): a
+    transformer's blocks, else an MLP's layers; each block's parameters."""
+    layers, blocks = find_layers(module)
+    return {name: list(layers[name].parameters()) for name in blocks}
 
 
 class BlockUpdateNorms(Callback):

@@ -1,0 +1,215 @@
+"""The forensics replay (issue 67) on modules written for it (tests/modules/forensic_modules.py):
+its instruments change nothing the run computes; a fault planted in one named layer is
+named first, a poisoned batch shows the input side first, an LR jump moves every layer's
+update at once; a replay that is not the run is refused; the reading's rules."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lit_spikes.callbacks import ExactResume
+from lit_spikes.shared.training import quiet_branches, step_checkpoint
+from lit_spikes.tools.diagnose.run import Sources
+from lit_spikes.tools.forensics import (
+    Band,
+    Exit,
+    ForensicsConfig,
+    LayerInstruments,
+    ReplayNotExact,
+    find_checkpoint,
+    forensics,
+    read,
+    verdict_lines,
+)
+from tests.modules.forensic_modules import InputData, PlantedMLP, PlantedTower
+
+STEPS, FAULT = 90, 80
+CONFIG = ForensicsConfig(window=10, band_steps=20)
+"""Bands from the replay's first 20 steps (from step=50.ckpt), the window 70-80."""
+
+
+def train(
+    root: Path, model: Callable[[], pl.LightningModule], data: Callable[[], Any], **extra: Any
+) -> tuple[Path, pl.LightningModule, list[float]]:
+    """A plain Lightning run of ``STEPS`` steps on one thread (as ``lit-spikes fit`` runs a
+    user's module): ``ExactResume``, ``step=<k>.ckpt`` every 10 steps, the loss logged to
+    TensorBoard every step. Its directory, its module and its losses."""
+    losses: list[float] = []
+
+    class Losses(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, *a: Any):
+            losses.append(float(outputs["loss"]))
+
+    callbacks = [ExactResume(), Losses(), step_checkpoint(root / "checkpoints", 10)]
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        logger=TensorBoardLogger(root.parent, name=root.name, version=""),
+        callbacks=[*callbacks, *extra.pop("callbacks", [])],
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **extra,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    module = model()
+    try:
+        with warnings.catch_warnings(), quiet_branches():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, datamodule=data())
+    finally:
+        torch.set_num_threads(threads)
+    return root, module, losses
+
+
+def test_the_instruments_change_nothing_the_run_computes(tmp_path: Path) -> None:
+    """The same run with every layer instrumented ends with every parameter and every
+    loss ``torch.equal`` (SGD with momentum, a residual tower), and the instruments saw
+    each layer at each step."""
+    make = lambda: PlantedTower()  # noqa: E731
+    _, plain, plain_losses = train(tmp_path / "plain", make, InputData)
+    instruments = LayerInstruments()
+    _, watched, losses = train(tmp_path / "watched", make, InputData, callbacks=[instruments])
+    assert losses == plain_losses
+    for (name, a), (_, b) in zip(
+        plain.state_dict().items(), watched.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert list(instruments.layers) == [
+        "embed",
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+        "blocks.3",
+        "head",
+    ]
+    stats = instruments.records[STEPS - 1]["blocks.2"]
+    assert {"grad_norm", "update_norm", "state_momentum_buffer_norm", "act_kurtosis"} <= set(stats)
+    assert stats["update_ratio"] == stats["update_norm"] / stats["weight_norm"]
+
+
+CASES = {
+    "mlp weights": (
+        lambda: PlantedMLP("weights", "net.2", FAULT),
+        InputData,
+        80,
+        "net.2",
+        "forward",
+    ),
+    "mlp gradient": (
+        lambda: PlantedMLP("grad", "net.2", FAULT, fault_factor=1000.0),
+        InputData,
+        84,
+        "net.2",
+        "backward",
+    ),
+    "mlp lr": (lambda: PlantedMLP("lr", "net.0", FAULT, 30.0), InputData, 81, None, "optimizer"),
+    "mlp poisoned batch": (PlantedMLP, lambda: InputData(poison=[FAULT]), 80, "net.0", "forward"),
+    "tower weights": (
+        lambda: PlantedTower("weights", "blocks.2.up", FAULT),
+        InputData,
+        80,
+        "blocks.2",
+        "forward",
+    ),
+    "tower gradient": (
+        lambda: PlantedTower("grad", "blocks.1.down", FAULT, 1000.0),
+        InputData,
+        81,
+        "blocks.1",
+        "backward",
+    ),
+    "tower lr": (lambda: PlantedTower("lr", "head", FAULT, 30.0), InputData, 81, None, "optimizer"),
+    "tower poisoned batch": (
+        PlantedTower,
+        lambda: InputData(poison=[FAULT]),
+        80,
+        "embed",
+        "forward",
+    ),
+}
+"""Each planted fault: the module, the data, the loss onset the run's own detector flags
+(ratio 2), the layer to be named first (None: every layer at once) and how it left."""
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_planted_fault_is_named(tmp_path: Path, case: str) -> None:
+    model, data, onset, origin, kind = CASES[case]
+    run_dir, _, _ = train(tmp_path / "run", model, data)
+    result = forensics(run_dir, onset, CONFIG, sources=Sources(model=model, data=data))
+    assert result.ckpt_step == 50 and result.checked == list(range(50, onset + 6))
+    assert (result.reading.origin, result.reading.kind) == (origin, kind), verdict_lines(result)
+    assert result.reading.first_step == FAULT
+    text = "\n".join(verdict_lines(result))
+    assert f"at step {FAULT}, {onset - FAULT} step" in text and "to the bit" in text
+
+
+def test_a_replay_that_is_not_the_run_is_refused(tmp_path: Path) -> None:
+    """A replay given data the run did not train on (position 55 poisoned, which no
+    checkpoint records) computes another loss there: refused by name, no per-layer numbers
+    of another run."""
+    run_dir, _, _ = train(tmp_path / "run", PlantedMLP, InputData)
+    other = Sources(model=PlantedMLP, data=lambda: InputData(poison=[55]))
+    with pytest.raises(ReplayNotExact, match=r"replayed loss at step 55 is .* the run logged"):
+        forensics(run_dir, 80, CONFIG, sources=other)
+
+
+def test_the_checkpoint_is_the_newest_early_enough(tmp_path: Path) -> None:
+    directory = tmp_path / "run" / "checkpoints"
+    directory.mkdir(parents=True)
+    for step in (10, 20, 30, 40):
+        (directory / f"step={step}.ckpt").write_bytes(b"")
+    assert find_checkpoint(tmp_path / "run", 55, 20).name == "step=30.ckpt"
+    assert find_checkpoint(directory, 60, 20).name == "step=40.ckpt"
+    with pytest.raises(ValueError, match=r"steps found: \[10, 20, 30, 40\]"):
+        find_checkpoint(tmp_path / "run", 25, 20)
+
+
+def _exit(layer: str, stat: str, step: int = 7, value: float = 9.0) -> Exit:
+    return Exit(layer, stat, step, value, Band(1.0, 0.1))
+
+
+LAYERS = ["in", "mid", "out"]
+
+
+@pytest.mark.parametrize(
+    ("found", "origin", "kind"),
+    [
+        # a later layer's weights and every output after: the first forward one
+        (
+            [_exit("out", "act_std"), _exit("mid", "weight_norm"), _exit("in", "grad_norm")],
+            "mid",
+            "forward",
+        ),
+        # gradients alone: backward runs output first, so the last one is where it entered
+        ([_exit("in", "grad_norm"), _exit("mid", "grad_norm")], "mid", "backward"),
+        # every layer's update at once, nothing before it: the optimizer
+        ([_exit(n, "update_norm") for n in LAYERS], None, "optimizer"),
+        # one layer's update alone
+        ([_exit("mid", "update_norm"), _exit("in", "update_norm", step=9)], "mid", "update"),
+        ([], None, "none"),
+    ],
+)
+def test_the_reading_follows_the_order_a_step_computes_in(
+    found: list[Exit], origin: str | None, kind: str
+) -> None:
+    reading = read(sorted(found, key=lambda e: e.step), LAYERS)
+    assert (reading.origin, reading.kind) == (origin, kind)
+
+
+def test_a_band_has_a_floor_and_ignores_what_is_not_finite() -> None:
+    from lit_spikes.tools.forensics.verdict import band_of
+
+    flat = band_of([2.0] * 10, floor=0.1)
+    assert flat is not None and flat.spread == pytest.approx(0.2)
+    assert flat.distance(2.5) == pytest.approx(2.5) and flat.distance(float("nan")) == float("inf")
+    assert band_of([1.0, float("nan"), 2.0], floor=0.1) is None  # two finite values
