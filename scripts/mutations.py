@@ -696,7 +696,7 @@ MUTATIONS = [
     Mutation(
         "diagnose_columns_not_the_modules",  # diagnose's table: no column the module states
         "lit_spikes/tools/diagnose/run.py",
-        "    verdict.columns = facts.columns\n",
+        "    verdict.columns = replayer.columns\n",
         "    verdict.columns = ()\n",
         (
             FACTS + "test_diagnose_shows_the_modules_columns_and_no_other",
@@ -847,6 +847,26 @@ MUTATIONS = [
             "test_alarms_count_against_the_spikes_that_follow_within_the_lead",
             "tests/tools/test_study.py::"
             "test_a_signal_crossing_at_random_warns_no_better_than_chance",
+        ),
+    ),
+    Mutation(
+        "forensics_names_the_last_layer_of_a_forward_fault",  # downstream, not where it entered
+        "lit_spikes/tools/forensics/verdict.py",
+        "        origin = min(forward, key=lambda e: order[e.layer]).layer\n",
+        "        origin = max(forward, key=lambda e: order[e.layer]).layer\n",
+        (
+            "tests/tools/test_forensics.py::test_a_planted_fault_is_named",
+            "tests/tools/test_forensics.py::test_the_reading_follows_the_order_a_step_computes_in",
+        ),
+    ),
+    Mutation(
+        "forensics_takes_a_replay_that_is_not_the_run",  # per-layer numbers of another run
+        "lit_spikes/tools/forensics/run.py",
+        "        same = replayed == ran or (math.isnan(replayed) and math.isnan(ran))\n",
+        "        same = True\n",
+        (
+            "tests/tools/test_forensics.py::test_a_replay_that_is_not_the_run_is_refused",
+            "tests/tools/test_forensics.py::test_every_logged_step_is_compared_to_the_bit",
         ),
     ),
 ]

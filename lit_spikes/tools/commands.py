@@ -6,6 +6,7 @@ COMMANDS = {
     "recover": "lit_spikes.tools.recover",
     "diagnose": "lit_spikes.tools.diagnose",
     "check-resume": "lit_spikes.tools.check_resume",
+    "forensics": "lit_spikes.tools.forensics.cli",
     "study": "lit_spikes.tools.study.cli",
 }
 """Sub-commands outside the LightningCLI: name -> module with ``main(argv)``."""
@@ -27,6 +28,8 @@ Commands:
                 reproducible (lit-spikes diagnose --help)
   check-resume  does a LightningModule resume bit for bit, and if not, what breaks it
                 (lit-spikes check-resume --help)
+  forensics     which layer went first before a spike: an exact replay with per-layer
+                instruments, at no cost to the run (lit-spikes forensics --help)
   study         a recipe over many seeds: how often it spikes, whether its resume
                 is exact, which remedy helps, which signal warns, an LR sweep; each
                 finding as k of n with an interval (lit-spikes study --help)"""

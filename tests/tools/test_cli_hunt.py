@@ -222,7 +222,9 @@ def test_an_option_before_the_command_gets_a_usage_line_of_every_command(
     command = [sys.executable, "-m", "lit_spikes.tools.cli", "-c", str(tmp_path / "none.yaml")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2, done.stderr
-    usage = "usage: lit-spikes [-c CONFIG] {fit,validate,recover,diagnose,check-resume,study}"
+    usage = (
+        "usage: lit-spikes [-c CONFIG] {fit,validate,recover,diagnose,check-resume,forensics,study}"
+    )
     assert done.stderr.startswith(usage), done.stderr
 
 

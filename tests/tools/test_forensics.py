@@ -5,6 +5,11 @@ update at once; a replay that is not the run is refused; the reading's rules."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_spikes.callbacks import ExactResume
 from lit_spikes.shared.training import quiet_branches, step_checkpoint
+from lit_spikes.tools.cli import main as lit_spikes
 from lit_spikes.tools.diagnose.run import Sources
 from lit_spikes.tools.forensics import (
     Band,
@@ -29,6 +35,7 @@ from lit_spikes.tools.forensics import (
     read,
     verdict_lines,
 )
+from tests.conftest import REPO
 from tests.modules.forensic_modules import InputData, PlantedMLP, PlantedTower
 
 STEPS, FAULT = 90, 80
@@ -213,3 +220,86 @@ def test_a_band_has_a_floor_and_ignores_what_is_not_finite() -> None:
     assert flat is not None and flat.spread == pytest.approx(0.2)
     assert flat.distance(2.5) == pytest.approx(2.5) and flat.distance(float("nan")) == float("inf")
     assert band_of([1.0, float("nan"), 2.0], floor=0.1) is None  # two finite values
+
+
+def _forensics_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``lit-spikes forensics`` in a new process, the tests' modules on its path."""
+    env = os.environ | {"PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "lit_spikes.tools.cli", "forensics", *args],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_command_on_a_users_fit_run(tmp_path: Path) -> None:
+    """A ``lit-spikes fit`` run of the residual tower, its block 2 corrupted at step 80,
+    read by ``lit-spikes forensics`` in a new process from the run's own record: the
+    verdict on the terminal, a TensorBoard run per layer (a chart per statistic), the
+    figure and the JSON; a window the files cannot serve is a usage error."""
+    model = ["--model", "tests.modules.forensic_modules.PlantedTower", "--model.fault", "weights"]
+    model += ["--model.fault_layer", "blocks.2.up", "--model.fault_step", str(FAULT)]
+    fit = [*model, "--data", "tests.modules.forensic_modules.InputData"]
+    fit += ["--trainer.max_steps", str(STEPS), "--checkpoint_every", "10"]
+    fit += ["--trainer.log_every_n_steps", "1", "--trainer.default_root_dir", str(tmp_path)]
+    assert lit_spikes(["fit", *fit, "--trainer.enable_progress_bar", "false"]) is not None
+    done = _forensics_cli("--run", str(tmp_path), "--spike_step", "80", "--window", "10")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "First: blocks.2 at step 80, 0 steps before the loss onset" in done.stdout
+    assert "to the bit at all 26 steps" in done.stdout  # steps 60-85: step=60.ckpt is 20 before
+    out = tmp_path / "forensics" / "step80"
+    runs = {p.name for p in out.iterdir() if p.is_dir()}
+    assert runs == {
+        "embed",
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+        "blocks.3",
+        "head",
+        "run",
+        "summary",
+    }
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    block = EventAccumulator(str(out / "blocks.2"))
+    block.Reload()
+    assert {"forensics/weight_norm", "forensics/act_kurtosis"} <= set(block.Tags()["scalars"])
+    saved = json.loads((out / "forensics.json").read_text())
+    assert (saved["origin"], saved["kind"], saved["first_step"]) == ("blocks.2", "forward", 80)
+    assert (out / "forensics.png").stat().st_size > 10_000
+    late = _forensics_cli("--run", str(tmp_path), "--spike_step", "25")
+    assert late.returncode == 2 and "steps found: [10, 20, 30" in late.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_by_its_class_path(tmp_path: Path) -> None:
+    """The demo's tiny GPT, fit by ``lit-spikes fit``: replayed to the bit, its layers
+    found by structure (embeddings, each block, the final norm and head), its largest
+    attention logit among the run's series."""
+    from tests.conftest import TINY_CLI
+
+    fit = [*TINY_CLI, "--model.optim.max_steps", "40", "--trainer.max_steps", "40"]
+    fit += ["--checkpoint_every", "10", "--trainer.log_every_n_steps", "1"]
+    assert lit_spikes(["fit", *fit, "--trainer.default_root_dir", str(tmp_path)]) is not None
+    config = ForensicsConfig(window=5, band_steps=10)
+    result = forensics(tmp_path, 35, config)
+    assert result.ckpt_step == 20 and result.checked == list(range(20, 40))
+    assert [n for n in result.layers if ".blocks." in n] == ["model.blocks.0", "model.blocks.1"]
+    assert result.layers[0].startswith("model.") and ("(run)", "max_logit") in result.series
+
+
+def test_every_logged_step_is_compared_to_the_bit() -> None:
+    """Each replayed step the run logged is compared (NaN equal to NaN), the last bit
+    counts, and a run trained where a replay here cannot match it (several processes,
+    other versions) is refused by name before any comparison."""
+    import math
+
+    from lit_spikes.tools.forensics.run import _check_exact
+
+    records = {5: {"loss": 1.5}, 6: {"loss": math.nan}, 7: {"loss": 2.0}}
+    assert _check_exact(records, {5: 1.5, 6: math.nan}, None) == [5, 6]
+    with pytest.raises(ReplayNotExact, match=re.escape("at step 7 is 2.0, the run logged 2.00000")):
+        _check_exact(records, {5: 1.5, 7: math.nextafter(2.0, 3.0)}, None)
+    ddp = "the run trained on 2 processes: its logged loss is rank 0's rows'"
+    with pytest.raises(ReplayNotExact, match="trained on 2 processes"):
+        _check_exact(records, {5: 1.5}, ddp)

@@ -149,11 +149,12 @@ def _check_exact(
     for step in sorted(records):
         if step not in logged:
             continue
-        replayed = float(records[step]["loss"])
-        if not (replayed == logged[step] or (math.isnan(replayed) and math.isnan(logged[step]))):
+        replayed, ran = float(records[step]["loss"]), logged[step]
+        same = replayed == ran or (math.isnan(replayed) and math.isnan(ran))
+        if not same:
             raise ReplayNotExact(
                 f"the replayed loss at step {step} is {replayed!r}, the run logged "
-                f"{logged[step]!r}: the replay is not the run (its module, data, callbacks "
+                f"{ran!r}: the replay is not the run (its module, data, callbacks "
                 "or Trainer settings differ from the run's: lit-spikes diagnose names them)"
             )
         checked.append(step)
