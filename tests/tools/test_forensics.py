@@ -247,6 +247,7 @@ def test_the_command_on_a_users_fit_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "First: blocks.2 at step 80, 0 steps before the loss onset" in done.stdout
     assert "to the bit at all 26 steps" in done.stdout  # steps 60-85: step=60.ckpt is 20 before
+    assert re.search(r"The replay took [\d.]+ s for 25 steps, [\d.]+ s of it in the", done.stdout)
     out = tmp_path / "forensics" / "step80"
     runs = {p.name for p in out.iterdir() if p.is_dir()}
     assert runs == {

@@ -47,6 +47,8 @@ class ForensicsCommand:
     out: Path | None = None
     """TensorBoard runs (a run per layer), forensics.png and forensics.json go here
     (default: <run>/forensics/step<spike_step>, beside the run's own events)."""
+    figures_dir: Path | None = None
+    """A second place for forensics.png."""
 
 
 def build_parser() -> CommandParser:
@@ -66,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> Forensics:
     args = None if argv is None else list(argv)
     config, parsed = parse_config(parser, ForensicsConfig, args)
     command: ForensicsCommand = config_of(ForensicsCommand, parsed)
-    if command.out is not None and (problem := unwritable_directory(command.out)):
-        parser.error(f"--out {command.out} {problem}")
+    for option, where in (("--out", command.out), ("--figures_dir", command.figures_dir)):
+        if where is not None and (problem := unwritable_directory(where)):
+            parser.error(f"{option} {where} {problem}")
     sources = Sources(model=as_plain(parsed.get("model")), data=as_plain(parsed.get("data")))
     try:
         result = forensics(command.run, command.spike_step, config, sources=sources)
@@ -85,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> Forensics:
         print(line)
     written = [write_tensorboard(result, out), write_figure(result, out / "forensics.png")]
     written.append(write_json(result, out / "forensics.json"))
+    if command.figures_dir is not None:
+        written.append(write_figure(result, command.figures_dir / "forensics.png"))
     print(f"Written: {', '.join(map(str, written))} (tensorboard --logdir {out})")
     return result
 

@@ -9,6 +9,7 @@ dozen steps pays that, a run would not."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,6 +91,10 @@ class LayerInstruments(Callback):
         self._before: dict[str, list[torch.Tensor]] = {}
         self._step = -1
         self._training = False
+        self.seconds: dict[int, float] = {}
+        """Each step's end on ``time.perf_counter``'s clock (the replay's pace)."""
+        self.own_seconds = 0.0
+        """The time spent in the instruments themselves, all steps together."""
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -104,8 +109,10 @@ class LayerInstruments(Callback):
         def record(module: nn.Module, inputs: Any, output: Any) -> None:
             tensor = _first_tensor(output)
             if self._training and tensor is not None:
+                start = time.perf_counter()
                 with torch.no_grad():
                     self._moments.setdefault(name, _Moments()).add(tensor)
+                self.own_seconds += time.perf_counter() - start
 
         return record
 
@@ -121,6 +128,7 @@ class LayerInstruments(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
+        start = time.perf_counter()
         row = self.records.setdefault(self._step, {})
         for name, layer in self.layers.items():
             params = [p for p in layer.parameters() if p.requires_grad]
@@ -133,12 +141,14 @@ class LayerInstruments(Callback):
                 "weight_norm": _norm([p.detach() for p in params]),
             }
             self._before[name] = [p.detach().clone() for p in params]
+        self.own_seconds += time.perf_counter() - start
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self._training = False
         if not self._before:
             return  # a micro-batch before the step's last: no optimizer step yet
+        start = self.seconds[self._step] = time.perf_counter()
         row = self.records[self._step]
         states = [o.state for o in trainer.optimizers]
         for name, layer in self.layers.items():
@@ -151,6 +161,7 @@ class LayerInstruments(Callback):
             stats |= _state_norms(params, states)
             stats |= self._moments[name].stats() if name in self._moments else {}
         self._before = {}
+        self.own_seconds += time.perf_counter() - start
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

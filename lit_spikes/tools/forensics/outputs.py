@@ -24,7 +24,7 @@ PANELS = (
     "state_exp_avg_sq_norm",
     "grad_nonfinite",
 )
-"""The figure's panels, those the replay measured, in this order; the loss is the last."""
+"""The figure's per-layer panels, those the replay measured, in this order."""
 
 
 def _run_name(layer: str) -> str:
@@ -56,21 +56,24 @@ def write_tensorboard(result: Forensics, out: Path) -> Path:
 
 
 def write_figure(result: Forensics, path: Path) -> Path:
-    """One panel per statistic (a line per layer, log scale where positive) and the
-    loss; the onset dashed, the first step a statistic left its band dotted."""
+    """One panel per statistic (a line per layer, log scale where positive), then the
+    run's LR, the module's columns (the demo's largest attention logit) and the loss;
+    the band steps shaded, the onset dashed, the first step a statistic left its band
+    dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = {stat for _, stat in result.series}
-    panels = [p for p in PANELS if p in measured] + ["loss"]
+    measured = {stat for layer, stat in result.series if layer != RUN}
+    own = sorted(stat for layer, stat in result.series if layer == RUN and stat != "loss")
+    panels = [p for p in PANELS if p in measured] + own + ["loss"]  # the run's: its LR, columns
     columns = 3
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.8 * rows), squeeze=False)
     first = result.reading.first_step
     for axis, stat in zip(axes.flat, panels, strict=False):
-        layers = [RUN] if stat == "loss" else result.layers
+        layers = [RUN] if (RUN, stat) in result.series else result.layers
         for layer in layers:
             values = result.series.get((layer, stat), {})
             steps = sorted(s for s in values if math.isfinite(values[s]))
@@ -78,6 +81,8 @@ def write_figure(result: Forensics, path: Path) -> Path:
             axis.plot(steps, [values[s] for s in steps], label=layer, linewidth=width)
         if all(v > 0 for layer in layers for v in result.series.get((layer, stat), {}).values()):
             axis.set_yscale("log")
+        band = result.band_steps
+        axis.axvspan(band.start, band.stop - 1, color="grey", alpha=0.1, linewidth=0)
         axis.axvline(result.spike_step, color="black", linestyle="--", linewidth=0.8)
         if first is not None:
             axis.axvline(first, color="red", linestyle=":", linewidth=1.0)

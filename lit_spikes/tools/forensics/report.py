@@ -41,6 +41,12 @@ def verdict_lines(result: Forensics) -> list[str]:
         f"Bands from steps {result.band_steps.start}-{result.band_steps.stop - 1}; the "
         f"window searched: steps {result.window.start}-{result.window.stop - 1}.",
     ]
+    if result.pace is not None:
+        count, replayed, own = result.pace
+        lines.append(
+            f"The replay took {replayed:.1f} s for {count} steps, {own:.1f} s of it in the "
+            f"instruments: the steps themselves {replayed - own:.1f} s."
+        )
     reading, onset = result.reading, result.spike_step
     if reading.first_step is None:
         return [*lines, "No layer's statistic left its band before the loss onset."]

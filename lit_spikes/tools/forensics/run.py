@@ -43,6 +43,9 @@ class Forensics:
     to the bit, or the replay is refused)."""
     exits: list[Exit] = field(default_factory=list)
     reading: Reading = field(default_factory=lambda: read([], []))
+    pace: tuple[int, float, float] | None = None
+    """The steps timed (from the replay's first step's end to its last's), the seconds
+    the replay took for them, and the seconds spent in the instruments (all steps)."""
 
 
 def find_checkpoint(run: str | Path, spike_step: int, before: int) -> Path:
@@ -128,6 +131,7 @@ def forensics(
         checked=checked,
     )
     result.exits = exits(series, result.band_steps, result.window, config.width, config.floor)
+    result.pace = _pace(instruments)
     result.reading = read([e for e in result.exits if e.layer != RUN], layers)
     return result
 
@@ -178,3 +182,12 @@ def _series(
             if isinstance(value, int | float):
                 series.setdefault((RUN, key), {})[step] = float(value)
     return series
+
+
+def _pace(instruments: LayerInstruments) -> tuple[int, float, float] | None:
+    """The steps timed, the replay's seconds for them, and the instruments' share."""
+    seconds = instruments.seconds
+    if len(seconds) < 2:
+        return None
+    first, last = min(seconds), max(seconds)
+    return last - first, seconds[last] - seconds[first], instruments.own_seconds
