@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
 	$(BIN)/python scripts/bench_library.py
 	$(BIN)/python scripts/bench_check_resume.py
+	$(BIN)/python scripts/bench_forensics.py
 
 # On a GPU machine: exact resume on CUDA (32-true, bf16-mixed), the callbacks' cost and the
 # host syncs per step; without CUDA it checks the resume on the CPU and says what it skips.

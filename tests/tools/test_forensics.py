@@ -290,17 +290,31 @@ def test_the_demo_by_its_class_path(tmp_path: Path) -> None:
 
 
 def test_every_logged_step_is_compared_to_the_bit() -> None:
-    """Each replayed step the run logged is compared (NaN equal to NaN), the last bit
-    counts, and a run trained where a replay here cannot match it (several processes,
-    other versions) is refused by name before any comparison."""
+    """Each replayed step the run logged is compared (NaN equal to NaN) and the last bit
+    counts."""
     import math
 
     from lit_spikes.tools.forensics.run import _check_exact
 
     records = {5: {"loss": 1.5}, 6: {"loss": math.nan}, 7: {"loss": 2.0}}
-    assert _check_exact(records, {5: 1.5, 6: math.nan}, None) == [5, 6]
+    assert _check_exact(records, {5: 1.5, 6: math.nan}) == [5, 6]
     with pytest.raises(ReplayNotExact, match=re.escape("at step 7 is 2.0, the run logged 2.00000")):
-        _check_exact(records, {5: 1.5, 7: math.nextafter(2.0, 3.0)}, None)
-    ddp = "the run trained on 2 processes: its logged loss is rank 0's rows'"
+        _check_exact(records, {5: 1.5, 7: math.nextafter(2.0, 3.0)})
+
+
+def test_a_run_on_several_processes_is_refused_by_name(tmp_path: Path) -> None:
+    """A file whose run trained on 2 processes (its ExactResume fingerprint says so): its
+    logged loss is rank 0's rows', a replay in one process trains the whole batch; refused
+    before any replay, naming the process count."""
+    from lit_spikes.callbacks.exact_resume import STATE_KEY
+
+    run_dir, _, _ = train(tmp_path / "run", PlantedMLP, InputData)
+    path = run_dir / "checkpoints" / "step=50.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["callbacks"][STATE_KEY]["fingerprint"]["world_size"] = 2
+    torch.save(checkpoint, path)
+    replays = tmp_path / "replays"
     with pytest.raises(ReplayNotExact, match="trained on 2 processes"):
-        _check_exact(records, {5: 1.5}, ddp)
+        sources = Sources(model=PlantedMLP, data=InputData)
+        forensics(path, 80, CONFIG, sources=sources, log_root=replays)
+    assert not (replays / "forensics").exists()  # no replay ran

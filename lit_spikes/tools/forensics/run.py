@@ -114,9 +114,10 @@ def forensics(
         root = Path(log_root) if log_root is not None else Path(temp)
         prepared = prepare(ckpt, spike_step, replay_config, sources or Sources(), reads, root)
         replayer = prepared.replayer
+        _refuse_incomparable(replayer.incomparable)  # before a replay that could not match
         replayer.instruments = [instruments]
         _, records = replayer.run("forensics", ckpt)
-    checked = _check_exact(records, replayer.logged, replayer.incomparable)
+    checked = _check_exact(records, replayer.logged)
     layers = list(instruments.layers)
     series = _series(records, instruments.records, [c.key for c in replayer.columns])
     start = spike_step - config.window
@@ -136,19 +137,27 @@ def forensics(
     return result
 
 
-def _check_exact(
-    records: dict[int, dict[str, float]], logged: dict[int, float], incomparable: str | None
-) -> list[int]:
-    """The replayed steps whose loss the run logged, each equal to the bit.
+def _refuse_incomparable(incomparable: str | None) -> None:
+    """A run no replay here can match to the bit (another machine's versions, several
+    processes) is refused before it is replayed.
 
     Raises:
-        ReplayNotExact: naming the first step that differs, or why none can match.
+        ReplayNotExact: naming why.
     """
     if incomparable is not None:
         raise ReplayNotExact(
             f"the run cannot be replayed to the bit here ({incomparable}): the per-layer "
-            "numbers would be another run's; replay it where it was trained"
+            "numbers would be another run's; replay it where it was trained, on as many "
+            "processes (a replay across process counts waits for the elastic resume)"
         )
+
+
+def _check_exact(records: dict[int, dict[str, float]], logged: dict[int, float]) -> list[int]:
+    """The replayed steps whose loss the run logged, each equal to the bit.
+
+    Raises:
+        ReplayNotExact: naming the first step that differs.
+    """
     checked = []
     for step in sorted(records):
         if step not in logged:
