@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,17 +51,16 @@ def run_ms(available: bool, steps: int, warmup: int) -> float:
 
 
 def run_pays(args: argparse.Namespace) -> None:
-    ratios, without, available = [], [], []
-    for repeat in range(args.repeats):
-        order = (False, True) if repeat % 2 == 0 else (True, False)
-        times = {flag: run_ms(flag, args.steps, args.warmup) for flag in order}
-        without.append(times[False])
-        available.append(times[True])
-        ratios.append(times[True] / times[False])
+    sys.path.insert(0, str(HERE))
+    from bench_library import paired  # the library row's interleaving, its ratio's median
+
+    without, available, ratio, low, high = paired(
+        lambda flag: run_ms(flag, args.steps, args.warmup), args.repeats
+    )
     print(
         f"the library's run, forensics importable / not there: "
-        f"{statistics.median(available):.2f} / {statistics.median(without):.2f} ms/step, "
-        f"ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}, "
+        f"{available:.2f} / {without:.2f} ms/step, "
+        f"ratio {ratio:.3f} (range {low:.3f}-{high:.3f}, "
         f"{args.repeats} repeats, {args.steps} steps, fresh processes)"
     )
 

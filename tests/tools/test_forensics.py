@@ -39,6 +39,8 @@ from tests.conftest import REPO
 from tests.modules.forensic_modules import InputData, PlantedMLP, PlantedTower
 
 STEPS, FAULT = 90, 80
+TOWER = ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
+"""``PlantedTower``'s layers, found by its structure."""
 CONFIG = ForensicsConfig(window=10, band_steps=20)
 """Bands from the replay's first 20 steps (from step=50.ckpt), the window 70-80."""
 
@@ -91,14 +93,7 @@ def test_the_instruments_change_nothing_the_run_computes(tmp_path: Path) -> None
         plain.state_dict().items(), watched.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name
-    assert list(instruments.layers) == [
-        "embed",
-        "blocks.0",
-        "blocks.1",
-        "blocks.2",
-        "blocks.3",
-        "head",
-    ]
+    assert list(instruments.layers) == TOWER
     stats = instruments.records[STEPS - 1]["blocks.2"]
     assert {"grad_norm", "update_norm", "state_momentum_buffer_norm", "act_kurtosis"} <= set(stats)
     assert stats["update_ratio"] == stats["update_norm"] / stats["weight_norm"]
@@ -250,16 +245,7 @@ def test_the_command_on_a_users_fit_run(tmp_path: Path) -> None:
     assert re.search(r"The replay took [\d.]+ s for 25 steps, [\d.]+ s of it in the", done.stdout)
     out = tmp_path / "forensics" / "step80"
     runs = {p.name for p in out.iterdir() if p.is_dir()}
-    assert runs == {
-        "embed",
-        "blocks.0",
-        "blocks.1",
-        "blocks.2",
-        "blocks.3",
-        "head",
-        "run",
-        "summary",
-    }
+    assert runs == {*TOWER, "run", "summary"}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     block = EventAccumulator(str(out / "blocks.2"))
