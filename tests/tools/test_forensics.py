@@ -304,3 +304,14 @@ def test_a_run_on_several_processes_is_refused_by_name(tmp_path: Path) -> None:
         sources = Sources(model=PlantedMLP, data=InputData)
         forensics(path, 80, CONFIG, sources=sources, log_root=replays)
     assert not (replays / "forensics").exists()  # no replay ran
+
+
+def test_layers_can_be_named_and_a_wrong_name_is_refused() -> None:
+    """``--layers``: the submodules named, in that order; a name the module lacks is an
+    error naming what it has."""
+    from lit_spikes.shared.layers import named_layers
+
+    module = PlantedTower()
+    assert list(named_layers(module, ["head", "blocks.1.up"])) == ["head", "blocks.1.up"]
+    with pytest.raises(ValueError, match=r"\['blocks.9'\] are not submodules .*'embed'"):
+        named_layers(module, ["blocks.9"])
