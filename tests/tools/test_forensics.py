@@ -253,6 +253,7 @@ def test_the_command_on_a_users_fit_run(tmp_path: Path) -> None:
     assert {"forensics/weight_norm", "forensics/act_kurtosis"} <= set(block.Tags()["scalars"])
     saved = json.loads((out / "forensics.json").read_text())
     assert (saved["origin"], saved["kind"], saved["first_step"]) == ("blocks.2", "forward", 80)
+    assert len(saved["series"]["blocks.2"]["grad_norm"]) == 26  # every step, every layer
     assert (out / "forensics.png").stat().st_size > 10_000
     late = _forensics_cli("--run", str(tmp_path), "--spike_step", "25")
     assert late.returncode == 2 and "steps found: [10, 20, 30" in late.stderr

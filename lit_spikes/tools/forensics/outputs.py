@@ -105,7 +105,8 @@ def write_figure(result: Forensics, path: Path) -> Path:
 
 
 def to_dict(result: Forensics) -> dict[str, Any]:
-    """The verdict and every exit, as plain data (non-finite numbers as strings)."""
+    """The verdict, every exit and every number the replay measured (``series``: layer ->
+    statistic -> step -> value), as plain data (non-finite numbers as strings)."""
     reading = result.reading
 
     def plain(value: float) -> float | str:
@@ -118,6 +119,7 @@ def to_dict(result: Forensics) -> dict[str, Any]:
         "first_step": reading.first_step,
         "origin": reading.origin,
         "kind": reading.kind,
+        "series": _series_dict(result, plain),
         "exits": [
             {
                 "layer": e.layer,
@@ -130,6 +132,13 @@ def to_dict(result: Forensics) -> dict[str, Any]:
             for e in result.exits
         ],
     }
+
+
+def _series_dict(result: Forensics, plain: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (layer, stat), values in result.series.items():
+        out.setdefault(layer, {})[stat] = {str(k): plain(v) for k, v in sorted(values.items())}
+    return out
 
 
 def write_json(result: Forensics, path: Path) -> Path:
