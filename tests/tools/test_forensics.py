@@ -245,10 +245,10 @@ def test_the_command_on_a_users_fit_run(tmp_path: Path) -> None:
     assert re.search(r"The replay took [\d.]+ s for 25 steps, [\d.]+ s of it in the", done.stdout)
     out = tmp_path / "forensics" / "step80"
     runs = {p.name for p in out.iterdir() if p.is_dir()}
-    assert runs == {*TOWER, "run", "summary"}
+    assert runs == {f"{i:02d}.{layer}" for i, layer in enumerate(TOWER)} | {"run", "summary"}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    block = EventAccumulator(str(out / "blocks.2"))
+    block = EventAccumulator(str(out / "03.blocks.2"))
     block.Reload()
     assert {"forensics/weight_norm", "forensics/act_kurtosis"} <= set(block.Tags()["scalars"])
     saved = json.loads((out / "forensics.json").read_text())

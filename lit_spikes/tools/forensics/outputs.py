@@ -27,13 +27,16 @@ PANELS = (
 """The figure's per-layer panels, those the replay measured, in this order."""
 
 
-def _run_name(layer: str) -> str:
-    """A layer's TensorBoard run (a directory): ``run`` for the run's own series."""
-    return "run" if layer == RUN else re.sub(r"[^\w.-]", "_", layer)
+def _run_name(layer: str, layers: list[str]) -> str:
+    """A layer's TensorBoard run (a directory), numbered in the forward order so that
+    TensorBoard lists the input side first (``00.embed``); ``run`` for the run's own."""
+    if layer == RUN:
+        return "run"
+    return f"{layers.index(layer):02d}." + re.sub(r"[^\w.-]", "_", layer)
 
 
 def write_tensorboard(result: Forensics, out: Path) -> Path:
-    """A TensorBoard run per layer under ``out`` (``out/<layer>``), each statistic under
+    """A TensorBoard run per layer under ``out`` (``out/<nn>.<layer>``), each statistic under
     the tag ``forensics/<stat>``: TensorBoard draws one chart per statistic with a line
     per layer. The run's loss and LR go in ``out/run``, the verdict in ``out/summary``'s
     text. Returns ``out``."""
@@ -46,7 +49,7 @@ def write_tensorboard(result: Forensics, out: Path) -> Path:
     for (layer, stat), values in result.series.items():
         by_layer.setdefault(layer, {})[stat] = values
     for layer, stats in by_layer.items():
-        with SummaryWriter(log_dir=str(out / _run_name(layer))) as writer:
+        with SummaryWriter(log_dir=str(out / _run_name(layer, result.layers))) as writer:
             for stat, values in sorted(stats.items()):
                 for step, value in sorted(values.items()):
                     writer.add_scalar(f"forensics/{stat}", value, global_step=step)

@@ -14,8 +14,8 @@ SHOWN = 8
 
 KINDS = {
     "forward": "its weights or outputs left their band while no layer before it did: the "
-    "fault entered the forward pass there",
-    "backward": "its gradient left its band while no weights or outputs did: the fault "
+    "change entered the forward pass there",
+    "backward": "its gradient left its band while no weights or outputs did: the change "
     "entered the backward pass there",
     "update": "its update or optimizer state left its band first",
 }
