@@ -31,7 +31,7 @@ def main() -> None:
     with served(args.logdir, runs) as url:
         query = f"forceSVG=true&tagFilter=forensics/{args.stat}#timeseries"
         dom, _ = page(command, f"{url}/?{query}", args.out, tries=3)
-    missing = [run for run in runs if f"/{run}\"" not in dom]
+    missing = [run for run in runs if f'/{run}"' not in dom]
     print(f"{args.out}: {len(runs)} layer runs, listed: {not missing}")
 
 
