@@ -174,6 +174,8 @@ def test_the_checkpoint_is_the_newest_early_enough(tmp_path: Path) -> None:
     assert find_checkpoint(directory, 60, 20).name == "step=40.ckpt"
     with pytest.raises(ValueError, match=r"steps found: \[10, 20, 30, 40\]"):
         find_checkpoint(tmp_path / "run", 25, 20)
+    with pytest.raises(ValueError, match="is neither a checkpoint nor a directory"):
+        find_checkpoint(tmp_path / "typo", 55, 20)
 
 
 def _exit(layer: str, stat: str, step: int = 7, value: float = 9.0) -> Exit:

@@ -58,6 +58,11 @@ def find_checkpoint(run: str | Path, spike_step: int, before: int) -> Path:
     path = Path(run)
     if path.is_file():
         return path
+    if not path.is_dir():
+        raise ValueError(
+            f"run={path} is neither a checkpoint nor a directory: give a run's directory "
+            "(its checkpoints/ beside its TensorBoard events) or one of its checkpoints"
+        )
     directory = path / CHECKPOINT_DIRNAME if (path / CHECKPOINT_DIRNAME).is_dir() else path
     files = checkpoint_files(directory)
     early = [(step, file) for step, file in files if step <= spike_step - before]
