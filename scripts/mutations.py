@@ -869,6 +869,18 @@ MUTATIONS = [
             "tests/tools/test_forensics.py::test_every_logged_step_is_compared_to_the_bit",
         ),
     ),
+    Mutation(
+        "elastic_sum_in_another_order",  # the processes' parts added as they come, not in the tree
+        "lit_spikes/elastic/tree.py",
+        "    return _finish(sums, 0, num_shards)\n",
+        "    return torch.stack([part[0] for part in parts]).sum(0)\n",
+        (
+            "tests/library/test_elastic_tree.py::"
+            "test_every_process_count_that_divides_the_shards_gives_the_same_bits",
+            "tests/library/test_elastic_tree.py::"
+            "test_a_modules_gradient_is_the_same_on_1_2_and_4_processes",
+        ),
+    ),
 ]
 
 

@@ -63,7 +63,7 @@ LIBRARY = (
 )
 
 
-LIBRARY_PACKAGES = ("lit_spikes.testing", "lit_spikes.callbacks")
+LIBRARY_PACKAGES = ("lit_spikes.testing", "lit_spikes.callbacks", "lit_spikes.elastic")
 
 
 def source_modules(root: Path) -> dict[str, Path]:

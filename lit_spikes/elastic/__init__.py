@@ -1,0 +1,6 @@
+"""The elastic bit-exact resume (issue 68), in steps: first the fixed-order sum of the
+shards' gradients (``tree``), the same bits on any process count that divides the shards."""
+
+from lit_spikes.elastic.tree import check_world, finish, rank_part, shards_of, subtrees, tree_sum
+
+__all__ = ["check_world", "finish", "rank_part", "shards_of", "subtrees", "tree_sum"]
