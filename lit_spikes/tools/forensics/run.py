@@ -5,6 +5,7 @@ for which layer went first."""
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,8 +102,6 @@ def forensics(
             was trained where a replay here cannot match it to the bit.
         ValueError, CheckpointError: as ``diagnose``; no checkpoint early enough.
     """
-    import tempfile
-
     config = config or ForensicsConfig()
     ckpt = find_checkpoint(run, spike_step, config.window + config.band_steps)
     reads = CheckpointReads()
@@ -113,18 +112,13 @@ def forensics(
             f"the bands need {config.band_steps} steps before the {config.window}-step "
             "window; give an earlier checkpoint"
         )
-    replay_config = DiagnoseConfig(horizon=max(config.after, 1), exact_resume=config.exact_resume)
     instruments = LayerInstruments(config.layers)
-    with tempfile.TemporaryDirectory(prefix="lit-spikes-forensics-") as temp:
-        root = Path(log_root) if log_root is not None else Path(temp)
-        prepared = prepare(ckpt, spike_step, replay_config, sources or Sources(), reads, root)
-        replayer = prepared.replayer
-        _refuse_incomparable(replayer.incomparable)  # before a replay that could not match
-        replayer.instruments = [instruments]
-        _, records = replayer.run("forensics", ckpt)
-    checked = _check_exact(records, replayer.logged)
+    records, logged, columns = _replay(
+        ckpt, spike_step, config, sources or Sources(), (reads, log_root), instruments
+    )
+    checked = _check_exact(records, logged)
     layers = list(instruments.layers)
-    series = _series(records, instruments.records, [c.key for c in replayer.columns])
+    series = _series(records, instruments.records, columns)
     start = spike_step - config.window
     result = Forensics(
         spike_step=spike_step,
@@ -140,6 +134,29 @@ def forensics(
     result.pace = _pace(instruments)
     result.reading = read([e for e in result.exits if e.layer != RUN], layers)
     return result
+
+
+def _replay(
+    ckpt: Path,
+    spike_step: int,
+    config: ForensicsConfig,
+    sources: Sources,
+    where: tuple[CheckpointReads, str | Path | None],
+    instruments: LayerInstruments,
+) -> tuple[dict[int, dict[str, float]], dict[int, float], list[str]]:
+    """The replay from ``ckpt`` with ``instruments`` (``where``: the files read, and the
+    replay's log root): each step's record, the run's logged loss by step, and the
+    module's column keys."""
+    reads, log_root = where
+    replay_config = DiagnoseConfig(horizon=max(config.after, 1), exact_resume=config.exact_resume)
+    with tempfile.TemporaryDirectory(prefix="lit-spikes-forensics-") as temp:
+        root = Path(log_root) if log_root is not None else Path(temp)
+        prepared = prepare(ckpt, spike_step, replay_config, sources, reads, root)
+        replayer = prepared.replayer
+        _refuse_incomparable(replayer.incomparable)  # before a replay that could not match
+        replayer.instruments = [instruments]
+        _, records = replayer.run("forensics", ckpt)
+    return records, replayer.logged, [c.key for c in replayer.columns]
 
 
 def _refuse_incomparable(incomparable: str | None) -> None:
