@@ -10,10 +10,9 @@ import functools
 
 import pytest
 import torch
-from torch import nn
 
 from lit_spikes.elastic import check_world, finish, rank_part, shards_of, subtrees, tree_sum
-from lit_spikes.randomness import derive
+from tests.modules.elastic_modules import DropoutNet, accumulated, added, shard_grads
 
 SHARDS = (1, 2, 4, 6, 8, 12)
 
@@ -70,35 +69,13 @@ def test_a_process_count_that_does_not_divide_the_shards_is_refused() -> None:
         shards_of(0, 8, 3)
 
 
-class DropoutNet(nn.Module):
-    """A module written for the test: dropout draws from the global RNG."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def _shard_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int, shard: int,
-                 num_shards: int) -> list[torch.Tensor]:  # fmt: skip
-    """One shard's gradient into fresh buffers: its rows and its dropout drawn from
-    (seed, step, shard), its loss the shard's mean over the shards' count."""
-    rows = x.shape[0] // num_shards
-    torch.manual_seed(derive(0, step, shard) & (2**63 - 1))
-    part = slice(shard * rows, (shard + 1) * rows)
-    loss = nn.functional.mse_loss(model(x[part]), y[part]) / num_shards
-    return list(torch.autograd.grad(loss, list(model.parameters())))
-
-
 @pytest.mark.parametrize("num_shards", [4, 8])
 def test_a_modules_gradient_is_the_same_on_1_2_and_4_processes(num_shards: int) -> None:
+    """The processes simulated in one: each shard's gradient into fresh buffers, each
+    process's part, the tree finished; the control accumulates into ``.grad`` and adds
+    the processes' sums, as DDP's all-reduce of ``.grad`` does."""
     model = DropoutNet()
-    generator = torch.Generator().manual_seed(2)
-    x, y = torch.randn(64, 16, generator=generator), torch.randn(64, 4, generator=generator)
-    leaves = [_shard_grads(model, x, y, 3, s, num_shards) for s in range(num_shards)]
+    leaves = [shard_grads(model, 3, s, num_shards) for s in range(num_shards)]
     params = range(len(leaves[0]))
     sums = {}
     for world_size in (1, 2, 4):
@@ -113,20 +90,6 @@ def test_a_modules_gradient_is_the_same_on_1_2_and_4_processes(num_shards: int) 
         ]
     for world_size in (2, 4):
         assert all(torch.equal(a, b) for a, b in zip(sums[1], sums[world_size], strict=True))
-    # The control: the same shards accumulated into .grad one after another, then the
-    # processes' sums added in rank order, as DDP's all-reduce of .grad adds them
-    accumulated = {}
-    for world_size in (1, 2):
-        per_rank = []
-        for rank in range(world_size):
-            model.zero_grad()
-            for shard in shards_of(rank, num_shards, world_size):
-                torch.manual_seed(derive(0, 3, shard) & (2**63 - 1))
-                rows = x.shape[0] // num_shards
-                part = slice(shard * rows, (shard + 1) * rows)
-                (nn.functional.mse_loss(model(x[part]), y[part]) / num_shards).backward()
-            per_rank.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
-        accumulated[world_size] = [
-            functools.reduce(torch.add, g) for g in zip(*per_rank, strict=True)
-        ]
-    assert not all(torch.equal(a, b) for a, b in zip(accumulated[1], accumulated[2], strict=True))
+    one = accumulated(model, range(num_shards), num_shards)
+    two = added([accumulated(model, shards_of(r, num_shards, 2), num_shards) for r in (0, 1)])
+    assert not all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
