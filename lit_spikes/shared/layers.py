@@ -3,6 +3,10 @@ study's early warning, the forensics replay): any LightningModule, no names assu
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+import torch
 from torch import nn
 
 
@@ -57,3 +61,10 @@ def named_layers(module: nn.Module, names: list[str]) -> dict[str, nn.Module]:
             f"from its named_modules(), as {list(layers)[:8]}"
         )
     return {name: found[name] for name in names}
+
+
+def l2_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The L2 norm of ``tensors`` together, summed in float64 (NaN: none)."""
+    if not tensors:
+        return math.nan
+    return float(torch.stack([t.double().square().sum() for t in tensors]).sum().sqrt())

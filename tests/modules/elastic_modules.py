@@ -60,9 +60,7 @@ def worker(rank: int, world: int, init_file: str, out: str, num_shards: int, mod
         if mode == "tree":
             total = exchanged_sum([shard_grads(model, 3, s, num_shards) for s in mine], num_shards)
         else:
-            for shard in mine:
-                shard_loss(model, 3, shard, num_shards).backward()
-            total = [p.grad for p in model.parameters()]  # type: ignore[misc]
+            total = accumulated(model, mine, num_shards)
             for grad in total:
                 dist.all_reduce(grad)
         torch.save(total, Path(out) / f"{mode}-{world}-{rank}.pt")

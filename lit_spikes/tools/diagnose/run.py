@@ -90,17 +90,10 @@ def diagnose(
     """
     config = config or DiagnoseConfig()
     reads = reads or CheckpointReads()
+    sources = Sources(model, data, callbacks, trainer_kwargs, original_loss)
     with tempfile.TemporaryDirectory(prefix="lit-spikes-diagnose-") as temp:
         root = Path(log_root) if log_root is not None else Path(temp)
-        prepared = prepare(
-            ckpt_path,
-            spike_step,
-            config,
-            Sources(model, data, callbacks, trainer_kwargs, original_loss),
-            reads,
-            root,
-            earlier_ckpt,
-        )
+        prepared = prepare(ckpt_path, spike_step, config, sources, reads, root, earlier_ckpt)
         replayer = prepared.replayer
         earlier = Path(earlier_ckpt) if earlier_ckpt is not None else None
         verdict = _replay_and_judge(replayer, Path(ckpt_path), earlier, replayer.original)

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from typing_extensions import override
 
-from lit_spikes.shared.layers import find_layers, named_layers
+from lit_spikes.shared.layers import find_layers, l2_norm, named_layers
 
 GRAD = ("grad_norm", "grad_nonfinite")
 """The statistics of the backward pass (the gradient before any clipping)."""
@@ -66,12 +66,6 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     return None
-
-
-def _norm(tensors: Sequence[torch.Tensor]) -> float:
-    if not tensors:
-        return math.nan
-    return float(torch.stack([t.double().square().sum() for t in tensors]).sum().sqrt())
 
 
 class LayerInstruments(Callback):
@@ -136,9 +130,9 @@ class LayerInstruments(Callback):
             size = sum(g.numel() for g in grads)
             bad = sum(int((~torch.isfinite(g)).sum()) for g in grads)
             row[name] = {
-                "grad_norm": _norm(grads),
+                "grad_norm": l2_norm(grads),
                 "grad_nonfinite": bad / size if size else math.nan,
-                "weight_norm": _norm([p.detach() for p in params]),
+                "weight_norm": l2_norm([p.detach() for p in params]),
             }
             self._before[name] = [p.detach().clone() for p in params]
         self.own_seconds += time.perf_counter() - start
@@ -155,7 +149,7 @@ class LayerInstruments(Callback):
             params = [p for p in layer.parameters() if p.requires_grad]
             deltas = [p.detach() - b for p, b in zip(params, self._before[name], strict=True)]
             stats = row[name]
-            stats["update_norm"] = _norm(deltas)
+            stats["update_norm"] = l2_norm(deltas)
             weight = stats["weight_norm"]
             stats["update_ratio"] = stats["update_norm"] / weight if weight else math.nan
             stats |= _state_norms(params, states)
@@ -179,4 +173,4 @@ def _state_norms(params: Sequence[torch.Tensor], states: Sequence[Any]) -> dict[
             for key, value in (state.get(param) or {}).items():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape:
                     found.setdefault(key, []).append(value.detach())
-    return {f"state_{key}_norm": _norm(values) for key, values in found.items()}
+    return {f"state_{key}_norm": l2_norm(values) for key, values in found.items()}

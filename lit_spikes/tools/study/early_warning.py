@@ -22,7 +22,7 @@ from torch import nn
 from typing_extensions import override
 
 from lit_spikes.checkpoints import atomic_write
-from lit_spikes.shared.layers import find_layers
+from lit_spikes.shared.layers import find_layers, l2_norm
 from lit_spikes.tools.study.findings import wilson
 
 UPDATE_NORMS = "update_norms.json"
@@ -89,11 +89,8 @@ class BlockUpdateNorms(Callback):
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         for block, params in self._blocks.items() if self._before else []:
-            squares = [
-                (p.detach() - b).double().square().sum()
-                for p, b in zip(params, self._before[block], strict=True)
-            ]
-            self.norms.setdefault(block, {})[self._step] = float(torch.stack(squares).sum().sqrt())
+            deltas = [p.detach() - b for p, b in zip(params, self._before[block], strict=True)]
+            self.norms.setdefault(block, {})[self._step] = l2_norm(deltas)
         self._before = {}
 
     @override
